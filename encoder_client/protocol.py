@@ -1,0 +1,122 @@
+"""The public wire format, shared by the client and the server.
+
+It keeps bert-as-service's frames so its published client works unchanged:
+
+- request: ``[identity, payload, req_id, msg_len]`` plus an optional ``options`` JSON frame
+  (our extension), where ``payload`` is a JSON list of texts (or of word lists) or a command;
+- result: ``[identity, header, body, req_id]`` with ``header = {"dtype", "shape", "tokens"}``
+  and ``body`` the raw array bytes;
+- error: ``[identity, {"error": message}, b"", req_id]``;
+- reply to a command: ``[identity, json, req_id]``.
+"""
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+COMMANDS = (b"SHOW_CONFIG", b"SHOW_STATUS", b"TERMINATION")
+MAX_IDENTITY_BYTES = 256
+UNKNOWN_REQ_ID = -1
+
+
+class ProtocolError(ValueError):
+    """A frame set that does not follow the protocol; `identity` is set when it could be read."""
+
+    def __init__(self, message, identity=None, req_id=UNKNOWN_REQ_ID):
+        super().__init__(message)
+        self.identity = identity
+        self.req_id = req_id
+
+
+@dataclass(frozen=True)
+class Request:
+    identity: bytes
+    req_id: int
+    payload: bytes
+    msg_len: int
+    options: dict = field(default_factory=dict)
+
+    @property
+    def command(self):
+        return self.payload if self.payload in COMMANDS else None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One message published to a client: exactly one of array, data and error is set."""
+    req_id: int
+    array: np.ndarray = None
+    tokens: list = None
+    data: dict = None
+    error: str = None
+
+
+def encode_request(identity, req_id, payload, msg_len=0, options=None):
+    frames = [identity, payload, b"%d" % req_id, b"%d" % msg_len]
+    if options:
+        frames.append(json.dumps({"v": PROTOCOL_VERSION, **options}).encode())
+    return frames
+
+
+def decode_request(frames):
+    """Parse raw frames into a Request, or raise ProtocolError saying what is wrong."""
+    identity = frames[0] if frames and len(frames[0]) <= MAX_IDENTITY_BYTES else None
+    if identity is None:
+        raise ProtocolError("missing or oversized identity frame")
+    if len(frames) not in (4, 5):
+        raise ProtocolError(f"expected 4 or 5 frames, got {len(frames)}", identity)
+    req_id = _parse_int(frames[2], "req_id", identity)
+    msg_len = _parse_int(frames[3], "msg_len", identity, req_id)
+    options = _parse_options(frames[4], identity, req_id) if len(frames) == 5 else {}
+    return Request(identity, req_id, frames[1], msg_len, options)
+
+
+def decode_texts(request):
+    """The request's texts as a Python list; ProtocolError if the payload is not JSON."""
+    try:
+        return json.loads(request.payload)
+    except (UnicodeDecodeError, ValueError):
+        raise ProtocolError("payload is not valid JSON", request.identity, request.req_id) from None
+
+
+def encode_result(identity, req_id, array, tokens=None):
+    header = {"dtype": str(array.dtype), "shape": list(array.shape), "tokens": tokens or ""}
+    return [identity, json.dumps(header).encode(), memoryview(np.ascontiguousarray(array)).cast("B"),
+            b"%d" % req_id]
+
+
+def encode_error(identity, req_id, message):
+    return [identity, json.dumps({"error": message}).encode(), b"", b"%d" % req_id]
+
+
+def encode_data(identity, req_id, data):
+    return [identity, json.dumps(data).encode(), b"%d" % req_id]
+
+
+def decode_reply(frames):
+    req_id = int(frames[-1])
+    header = json.loads(frames[1])
+    if len(frames) == 3:
+        return Reply(req_id, data=header)
+    if "error" in header:
+        return Reply(req_id, error=header["error"])
+    array = np.frombuffer(frames[2], dtype=header["dtype"]).reshape(header["shape"])
+    return Reply(req_id, array=array, tokens=header.get("tokens") or None)
+
+
+def _parse_int(frame, name, identity, req_id=UNKNOWN_REQ_ID):
+    try:
+        return int(frame)
+    except ValueError:
+        raise ProtocolError(f"{name} frame is not an integer", identity, req_id) from None
+
+
+def _parse_options(frame, identity, req_id):
+    try:
+        options = json.loads(frame)
+    except (UnicodeDecodeError, ValueError):
+        options = None
+    if not isinstance(options, dict):
+        raise ProtocolError("options frame is not a JSON object", identity, req_id)
+    return options

@@ -1,0 +1,37 @@
+"""Input checks shared by the client and the server, so both reject the same things."""
+
+
+def check_texts(texts, is_tokenized=False):
+    """Raise TypeError/ValueError naming the offending index if `texts` is not encodable."""
+    if not isinstance(texts, list):
+        raise TypeError(f"texts must be a list, got {type(texts).__name__}")
+    if not texts:
+        raise ValueError("texts must not be an empty list")
+    check_item = _check_words if is_tokenized else _check_text
+    for index, item in enumerate(texts):
+        check_item(index, item)
+
+
+def looks_tokenized(texts):
+    """True when every item is a list, i.e. the bert-as-service `is_tokenized` form."""
+    return isinstance(texts, list) and bool(texts) and all(isinstance(t, list) for t in texts)
+
+
+def _check_text(index, text):
+    if not isinstance(text, str):
+        raise TypeError(f"texts[{index}] must be a str, got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError(f"texts[{index}] is empty or whitespace-only")
+
+
+def _check_words(index, words):
+    if not isinstance(words, list):
+        raise TypeError(f"texts[{index}] must be a list of str when is_tokenized=True, "
+                        f"got {type(words).__name__}")
+    if not words:
+        raise ValueError(f"texts[{index}] is an empty word list")
+    for position, word in enumerate(words):
+        if not isinstance(word, str):
+            raise TypeError(f"texts[{index}][{position}] must be a str, got {type(word).__name__}")
+        if not word.strip():
+            raise ValueError(f"texts[{index}][{position}] is an empty or whitespace-only word")

@@ -1,0 +1,148 @@
+"""The `encoder-server` command: start, stop and status."""
+import argparse
+import json
+import socket
+import sys
+import time
+
+from . import __version__
+from .model_folder import ConfigError
+from .settings import STRATEGIES
+
+DEFAULTS = "(default: %(default)s)"
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ConfigError as error:
+        print(f"encoder-server: error: {error}", file=sys.stderr)
+        return 2
+    except TimeoutError as error:
+        print(f"encoder-server: {error}", file=sys.stderr)
+        return 1
+
+
+def start(args):
+    from .runtime import configure_logging
+    from .settings import resolve
+    from .supervisor import Supervisor
+
+    log = configure_logging("supervisor", args.verbose)
+    options = {k: v for k, v in vars(args).items() if k not in ("run", "model_dir")}
+    settings = resolve(model=args.model_dir, **options)
+    log.info("model %s: %d layers, max_seq_len %s", settings.model, settings.num_layers, settings.max_seq_len)
+    log.info("pooling: %s (%s)", settings.pooling.describe(), settings.pooling_source)
+    log.info("%d worker(s) on %s, %d thread(s) each", settings.num_worker, settings.device,
+             settings.threads_per_worker)
+    return Supervisor(settings).serve()
+
+
+def stop(args):
+    from encoder_client import EncoderClient
+
+    with EncoderClient(args.host, args.port, args.port_out, timeout=args.timeout) as client:
+        client.shutdown_server()
+    deadline = time.monotonic() + args.timeout
+    while _port_open(args.host, args.port):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server at {args.host}:{args.port} accepted the stop request "
+                               f"but was still running after {args.timeout:g}s")
+        time.sleep(0.1)
+    print(f"encoder-server at {args.host}:{args.port} stopped")
+    return 0
+
+
+def status(args):
+    from encoder_client import EncoderClient
+
+    with EncoderClient(args.host, args.port, args.port_out, timeout=args.timeout) as client:
+        report = client.server_status
+    print(json.dumps(report, indent=2))
+    return 0 if report.get("ready") else 1
+
+
+def _port_open(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _max_seq_len(value):
+    if value.lower() in ("none", "auto"):
+        return None if value.lower() == "none" else "auto"
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither an integer nor 'none'") from None
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="encoder-server", description="Sentence embeddings over ZeroMQ.")
+    parser.add_argument("--version", action="version", version=__version__)
+    commands = parser.add_subparsers(required=True, metavar="{start,stop,status}")
+
+    run = commands.add_parser("start", help="start a server in the foreground",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    run.set_defaults(run=start)
+    model = run.add_argument_group("model and pooling")
+    model.add_argument("--model", dest="model_dir", default=None,
+                       help="local Hugging Face model folder (default: the bundled all-MiniLM-L6-v2)")
+    model.add_argument("--pooling-strategy", choices=STRATEGIES, default=None,
+                       help="how token vectors become one vector (default: the model folder's "
+                            "sentence-transformers pooling, else mean)")
+    model.add_argument("--pooling-layer", type=int, nargs="+", default=None,
+                       help="hidden layer(s) to pool, negative from the top, 0 = embeddings; several are "
+                            "concatenated (default: -1 for sentence-transformers folders, else -2)")
+    model.add_argument("--mask-cls-sep", action="store_true", help="leave [CLS] and [SEP] out of the pooling")
+    model.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                       help="L2-normalise each embedding (default: as the model folder's Normalize module says)")
+    model.add_argument("--max-seq-len", type=_max_seq_len, default="auto",
+                       help="tokens kept per text, or 'none' for the model's limit with padding to the longest "
+                            "text of each batch; 'auto' takes sentence-transformers' max_seq_length, else the "
+                            "model's limit")
+    model.add_argument("--show-tokens-to-client", action="store_true",
+                       help="allow clients to ask for their WordPiece tokens")
+
+    compute = run.add_argument_group("compute")
+    compute.add_argument("--backend", choices=("torch",), default="torch", help="inference engine")
+    compute.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where workers run the model")
+    compute.add_argument("--fp16", action="store_true", help="half precision (CUDA only)")
+    compute.add_argument("--num-worker", type=int, default=1, help="worker processes")
+    compute.add_argument("--threads-per-worker", type=int, default=None,
+                         help="torch threads per CPU worker (default: cores / workers, so none are oversubscribed)")
+
+    scheduling = run.add_argument_group("scheduling")
+    scheduling.add_argument("--priority-batch-size", type=int, default=16,
+                            help="requests of at most this many texts go whole to the high-priority queue")
+    scheduling.add_argument("--max-batch-size", type=int, default=256,
+                            help="larger requests are split into jobs of at most this many texts")
+    scheduling.add_argument("--max-batch-tokens", type=int, default=8192,
+                            help="cap on padded tokens (texts x longest) in one forward pass")
+    scheduling.add_argument("--prefetch-size", type=int, default=2,
+                            help="bulk jobs a worker receives and tokenizes ahead of the model")
+    scheduling.add_argument("--graceful-timeout", type=float, default=30.0,
+                            help="seconds that in-flight requests get to finish on stop")
+
+    network = run.add_argument_group("network")
+    network.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 opens the ports to all")
+    network.add_argument("--port", type=int, default=5555, help="port for requests")
+    network.add_argument("--port-out", type=int, default=5556, help="port for results")
+    run.add_argument("--verbose", action="store_true", help="debug logging")
+
+    for name, handler, summary, timeout in (("stop", stop, "stop a running server gracefully", 30.0),
+                                            ("status", status, "print a server's status; exit 0 when ready", 5.0)):
+        command = commands.add_parser(name, help=summary, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        command.set_defaults(run=handler)
+        command.add_argument("--host", default="localhost", help="server address")
+        command.add_argument("--port", type=int, default=5555, help="server's request port")
+        command.add_argument("--port-out", type=int, default=5556, help="server's result port")
+        command.add_argument("--timeout", type=float, default=timeout, help="seconds to wait for the server")
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Checking what a client sent, before any of it is queued. Pure: no sockets.
+
+Anything wrong raises ProtocolError with a message for the client.
+"""
+import ipaddress
+from dataclasses import dataclass
+
+from encoder_client.protocol import ProtocolError, decode_texts
+from encoder_client.validation import check_texts, looks_tokenized
+
+
+@dataclass(frozen=True)
+class EncodeRequest:
+    identity: bytes
+    req_id: int
+    texts: list
+    is_tokenized: bool
+    with_tokens: bool
+
+
+def parse_encode(request, show_tokens_allowed):
+    texts = decode_texts(request)
+    is_tokenized = request.options.get("is_tokenized", looks_tokenized(texts))
+    try:
+        check_texts(texts, is_tokenized)
+    except (TypeError, ValueError) as error:
+        raise ProtocolError(str(error), request.identity, request.req_id) from None
+    if request.msg_len != len(texts):
+        raise ProtocolError(f"msg_len is {request.msg_len} but the payload holds {len(texts)} texts",
+                            request.identity, request.req_id)
+    return EncodeRequest(request.identity, request.req_id, texts, bool(is_tokenized),
+                         _with_tokens(request, show_tokens_allowed))
+
+
+def _with_tokens(request, allowed):
+    if "show_tokens" not in request.options:
+        return allowed  # bert-as-service's client: tokens come whenever the server allows them
+    if request.options["show_tokens"] and not allowed:
+        raise ProtocolError("show_tokens is disabled on this server (start it with --show-tokens-to-client)",
+                            request.identity, request.req_id)
+    return bool(request.options["show_tokens"])
+
+
+def is_loopback(peer_address):
+    try:
+        address = ipaddress.ip_address(peer_address or "")
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback

@@ -1,0 +1,120 @@
+"""Turn command-line choices plus the model folder's own configs into the settings every process uses."""
+import os
+from dataclasses import asdict, dataclass
+
+from .model_folder import UNSUPPORTED_POOLING, ConfigError, default_model_path, inspect_model_folder
+
+STRATEGIES = ("mean", "max", "mean_max", "cls", "last", "none")
+_MASKABLE = ("mean", "max", "mean_max", "none")
+
+
+@dataclass(frozen=True)
+class PoolingSpec:
+    strategy: str
+    layers: tuple
+    mask_cls_sep: bool = False
+    normalize: bool = False
+
+    def describe(self):
+        layers = ", ".join(str(layer) for layer in self.layers)
+        extras = [name for name in ("mask_cls_sep", "normalize") if getattr(self, name)]
+        return f"{self.strategy} over layer(s) {layers}" + (f" + {' + '.join(extras)}" if extras else "")
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str
+    pooling: PoolingSpec
+    pooling_source: str
+    max_seq_len: int          # None: pad to the longest text of each batch
+    truncate_at: int          # tokens kept per text
+    num_layers: int
+    host: str = "127.0.0.1"
+    port: int = 5555
+    port_out: int = 5556
+    backend: str = "torch"
+    device: str = "cpu"
+    fp16: bool = False
+    num_worker: int = 1
+    threads_per_worker: int = 1
+    priority_batch_size: int = 16
+    max_batch_size: int = 256
+    max_batch_tokens: int = 8192
+    prefetch_size: int = 2
+    show_tokens_to_client: bool = False
+    graceful_timeout: float = 30.0
+    verbose: bool = False
+
+    def public_config(self):
+        """What SHOW_CONFIG reveals: no file-system paths, no internal addresses."""
+        config = asdict(self)
+        config["model"] = os.path.basename(os.path.normpath(self.model))
+        config["pooling_strategy"] = self.pooling.strategy
+        config["pooling_layer"] = list(self.pooling.layers)
+        config["mask_cls_sep"] = self.pooling.mask_cls_sep
+        config["normalize"] = self.pooling.normalize
+        del config["pooling"], config["host"]
+        return config
+
+
+def resolve(model=None, pooling_strategy=None, pooling_layer=None, mask_cls_sep=False, normalize=None,
+            max_seq_len="auto", num_worker=1, threads_per_worker=None, device="cpu", fp16=False,
+            **rest):
+    """Settings from user choices; every choice left as None takes the model folder's default."""
+    info = inspect_model_folder(model or default_model_path())
+    from_st = info.st_pooling is not None
+    if pooling_strategy is None and info.st_pooling == UNSUPPORTED_POOLING:
+        raise ConfigError(f"--model {info.path}: its sentence-transformers pooling has no equivalent "
+                          "here; choose one with --pooling-strategy")
+    pooling = PoolingSpec(
+        strategy=pooling_strategy or (info.st_pooling if from_st else "mean"),
+        layers=tuple(pooling_layer or ([-1] if from_st else [-2])),
+        mask_cls_sep=mask_cls_sep,
+        normalize=info.st_normalize if normalize is None else normalize)
+    _check_pooling(pooling, info.num_layers)
+    seq_len = _resolve_max_seq_len(max_seq_len, info, from_st)
+    _check_device(device, fp16)
+    return Settings(
+        model=str(info.path), pooling=pooling,
+        pooling_source="sentence-transformers config" if from_st else "bert-as-service defaults",
+        max_seq_len=seq_len, truncate_at=seq_len or info.max_positions, num_layers=info.num_layers,
+        device=device, fp16=fp16, num_worker=num_worker,
+        threads_per_worker=threads_per_worker or _default_threads(num_worker, device), **rest)
+
+
+def _check_pooling(pooling, num_layers):
+    if pooling.strategy not in STRATEGIES:
+        raise ConfigError(f"--pooling-strategy {pooling.strategy}: choose one of {', '.join(STRATEGIES)}")
+    if pooling.mask_cls_sep and pooling.strategy not in _MASKABLE:
+        raise ConfigError(f"--mask-cls-sep has no meaning with --pooling-strategy {pooling.strategy}")
+    for layer in pooling.layers:
+        if not -(num_layers + 1) <= layer <= num_layers:
+            raise ConfigError(f"--pooling-layer {layer}: the model has {num_layers} layers, so use "
+                              f"{-(num_layers + 1)}..{num_layers} (0 is the embedding output)")
+
+
+def _resolve_max_seq_len(value, info, from_st):
+    if value == "auto":
+        value = info.st_max_seq_len if from_st and info.st_max_seq_len else info.max_positions
+    if value is None:
+        return None
+    if value < 3:
+        raise ConfigError(f"--max-seq-len {value}: must be at least 3 ([CLS] + one token + [SEP])")
+    if value > info.max_positions:
+        raise ConfigError(f"--max-seq-len {value} is above the model's limit of {info.max_positions} tokens")
+    return value
+
+
+def _check_device(device, fp16):
+    if fp16 and device != "cuda":
+        raise ConfigError("--fp16 needs --device cuda")
+    if device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is visible to torch")
+
+
+def _default_threads(num_worker, device):
+    if device == "cuda":
+        return 1
+    return max(1, len(os.sched_getaffinity(0)) // num_worker)

@@ -1,0 +1,57 @@
+"""The sink: reassembles each request from its parts and publishes it under the client's identity.
+
+Sockets: `collect` (PULL: parts from workers, registrations and replies from the ventilator),
+`publish` (PUB, clients), `feedback` (PUSH: one DONE per finished job, to the ventilator).
+"""
+import zmq
+
+from encoder_client.protocol import encode_result
+
+from . import messages
+from .assembly import Assembler
+from .runtime import POLL_MS, make_socket, start_child
+
+
+class Sink:
+    def __init__(self, addresses, log):
+        self.log = log
+        self.assembler = Assembler()
+        context = zmq.Context.instance()
+        self.collect = make_socket(context, zmq.PULL, bind=addresses.sink)
+        self.publish = make_socket(context, zmq.PUB, bind=addresses.publish)
+        self.feedback = make_socket(context, zmq.PUSH, connect=addresses.feedback)
+
+    def run(self, stop):
+        while not stop.is_set():
+            if self.collect.poll(POLL_MS):
+                self.on_message(self.collect.recv_multipart(copy=False))
+
+    def on_message(self, frames):
+        kind = frames[0].bytes
+        if kind == messages.PART:
+            header, array = messages.decode_part([frames[0].bytes, frames[1].bytes, frames[2].buffer])
+            self.send(self.assembler.add_part(header["seq"], header["offset"], array, header["tokens"]))
+            self.feedback.send_multipart(messages.done_frames(header["job_id"]))
+        elif kind == messages.REGISTER:
+            self.send(self.assembler.register(*messages.decode_register([frame.bytes for frame in frames])))
+        elif kind == messages.PUBLISH:
+            self.publish.send_multipart(frames[1:])
+
+    def send(self, completed):
+        if completed is not None:
+            self.publish.send_multipart(encode_result(completed.identity, completed.req_id, completed.array,
+                                                      completed.tokens), copy=False)
+
+    def close(self):
+        for sock in (self.collect, self.publish, self.feedback):
+            sock.close(linger=1000)
+
+
+def run_sink(settings, addresses):
+    log, stop = start_child("sink", settings.verbose)
+    sink = Sink(addresses, log)
+    try:
+        sink.run(stop)
+    finally:
+        sink.close()
+    log.info("stopped")

