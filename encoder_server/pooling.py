@@ -37,12 +37,17 @@ STRATEGIES = {"mean": mean, "max": max_, "mean_max": mean_max, "cls": cls, "last
 
 
 def pool(hidden_states, layers, strategy, attention_mask, special_tokens_mask=None, normalize=False):
-    """Pool each chosen layer, concatenate along the feature axis, optionally L2-normalise."""
-    mask = attention_mask.to(hidden_states[0].dtype)
+    """Pool each chosen layer, concatenate along the feature axis, optionally L2-normalise.
+
+    Pooling runs in float32 even for a half-precision model: fp16 cannot hold the epsilons that
+    keep an all-masked row at zero instead of NaN.
+    """
+    mask = attention_mask.to(torch.float32)
     if special_tokens_mask is not None:
         mask = mask * (1 - special_tokens_mask.to(mask.dtype))
     lengths = attention_mask.sum(dim=1)
-    pooled = torch.cat([STRATEGIES[strategy](hidden_states[layer], mask, lengths) for layer in layers], dim=-1)
+    pooled = torch.cat([STRATEGIES[strategy](hidden_states[layer].float(), mask, lengths) for layer in layers],
+                       dim=-1)
     if normalize:
         pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
     return pooled

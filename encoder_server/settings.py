@@ -74,6 +74,7 @@ def resolve(model=None, pooling_strategy=None, pooling_layer=None, mask_cls_sep=
     _check_pooling(pooling, info.num_layers)
     seq_len = _resolve_max_seq_len(max_seq_len, info, from_st)
     _check_device(device, fp16)
+    _check_sizes(num_worker=num_worker, threads_per_worker=threads_per_worker or 1, **rest)
     return Settings(
         model=str(info.path), pooling=pooling,
         pooling_source="sentence-transformers config" if from_st else "bert-as-service defaults",
@@ -112,6 +113,15 @@ def _check_device(device, fp16):
         import torch
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA device is visible to torch")
+
+
+def _check_sizes(**sizes):
+    for name in ("num_worker", "threads_per_worker", "priority_batch_size", "max_batch_size",
+                 "max_batch_tokens", "prefetch_size"):
+        if name in sizes and sizes[name] < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {sizes[name]}")
+    if sizes.get("priority_batch_size", 16) > sizes.get("max_batch_size", 256):
+        raise ConfigError("--priority-batch-size must not exceed --max-batch-size")
 
 
 def _default_threads(num_worker, device):

@@ -1,0 +1,271 @@
+"""encoder_server.settings.resolve and encoder_server.model_folder, on model folders made of JSON files."""
+import json
+
+import pytest
+
+from encoder_server.model_folder import ConfigError, inspect_model_folder
+from encoder_server.settings import resolve
+
+
+def write(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+
+
+def plain_folder(root, name="plain-bert", layers=6, positions=512, tokenizer_limit=None):
+    folder = root / name
+    write(folder / "config.json", {"model_type": "bert", "num_hidden_layers": layers,
+                                   "max_position_embeddings": positions, "hidden_size": 32})
+    if tokenizer_limit is not None:
+        write(folder / "tokenizer_config.json", {"model_max_length": tokenizer_limit})
+    return folder
+
+
+def st_folder(root, name="st-model", modes=("pooling_mode_cls_token",), normalize=True, max_seq_length=128,
+              layers=6, positions=512):
+    folder = plain_folder(root, name, layers, positions)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+    write(folder / "modules.json", modules)
+    all_modes = ["pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
+                 "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
+                 "pooling_mode_lasttoken"]
+    pooling = {"word_embedding_dimension": 32, **{mode: mode in modes for mode in all_modes}}
+    write(folder / "1_Pooling" / "config.json", pooling)
+    if max_seq_length is not None:
+        write(folder / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
+    return folder
+
+
+# ----- defaults -----
+
+def test_plain_folder_defaults(tmp_path):
+    settings = resolve(model=str(plain_folder(tmp_path)))
+    assert settings.pooling.strategy == "mean"
+    assert settings.pooling.layers == (-2,)
+    assert settings.pooling.normalize is False
+    assert settings.pooling.mask_cls_sep is False
+    assert settings.max_seq_len == 512
+    assert settings.truncate_at == 512
+    assert settings.num_layers == 6
+    assert settings.pooling_source == "bert-as-service defaults"
+
+
+def test_plain_folder_limit_from_tokenizer_config(tmp_path):
+    settings = resolve(model=str(plain_folder(tmp_path, tokenizer_limit=128)))
+    assert settings.max_seq_len == 128
+    # the "no limit" sentinel of transformers is ignored
+    settings = resolve(model=str(plain_folder(tmp_path, "other", tokenizer_limit=10 ** 30)))
+    assert settings.max_seq_len == 512
+
+
+def test_sentence_transformers_folder_defaults(tmp_path):
+    settings = resolve(model=str(st_folder(tmp_path)))
+    assert settings.pooling.strategy == "cls"
+    assert settings.pooling.layers == (-1,)
+    assert settings.pooling.normalize is True
+    assert settings.max_seq_len == 128
+    assert settings.truncate_at == 128
+    assert settings.pooling_source == "sentence-transformers config"
+
+
+@pytest.mark.parametrize("mode, strategy", [("pooling_mode_mean_tokens", "mean"),
+                                            ("pooling_mode_max_tokens", "max"),
+                                            ("pooling_mode_cls_token", "cls"),
+                                            ("pooling_mode_lasttoken", "last")])
+def test_sentence_transformers_pooling_modes(tmp_path, mode, strategy):
+    settings = resolve(model=str(st_folder(tmp_path, modes=(mode,), normalize=False)))
+    assert settings.pooling.strategy == strategy
+    assert settings.pooling.normalize is False
+
+
+def test_sentence_transformers_without_sentence_bert_config(tmp_path):
+    settings = resolve(model=str(st_folder(tmp_path, max_seq_length=None, positions=384)))
+    assert settings.max_seq_len == 384
+
+
+def test_inspect_model_folder(tmp_path):
+    info = inspect_model_folder(st_folder(tmp_path, modes=("pooling_mode_mean_tokens",), layers=12))
+    assert info.num_layers == 12
+    assert info.max_positions == 512
+    assert info.st_pooling == "mean"
+    assert info.st_normalize is True
+    assert info.st_max_seq_len == 128
+    plain = inspect_model_folder(plain_folder(tmp_path))
+    assert plain.st_pooling is None and plain.st_normalize is False and plain.st_max_seq_len is None
+
+
+# ----- explicit choices -----
+
+def test_explicit_choices_override_sentence_transformers(tmp_path):
+    settings = resolve(model=str(st_folder(tmp_path)), pooling_strategy="mean_max", pooling_layer=[-3, -1],
+                       normalize=False, max_seq_len=64, mask_cls_sep=True)
+    assert settings.pooling.strategy == "mean_max"
+    assert settings.pooling.layers == (-3, -1)
+    assert settings.pooling.normalize is False
+    assert settings.pooling.mask_cls_sep is True
+    assert settings.max_seq_len == 64
+    assert settings.truncate_at == 64
+
+
+def test_explicit_choices_override_plain(tmp_path):
+    settings = resolve(model=str(plain_folder(tmp_path)), pooling_strategy="cls", pooling_layer=[0, 6],
+                       normalize=True, max_seq_len=None)
+    assert settings.pooling.strategy == "cls"
+    assert settings.pooling.layers == (0, 6)
+    assert settings.pooling.normalize is True
+    assert settings.max_seq_len is None
+    assert settings.truncate_at == 512
+
+
+def test_other_settings_pass_through(tmp_path):
+    settings = resolve(model=str(plain_folder(tmp_path)), num_worker=2, threads_per_worker=3, port=6000,
+                       max_batch_tokens=4096)
+    assert settings.num_worker == 2 and settings.threads_per_worker == 3
+    assert settings.port == 6000 and settings.max_batch_tokens == 4096
+    assert resolve(model=str(plain_folder(tmp_path)), num_worker=1).threads_per_worker >= 1
+
+
+# ----- errors -----
+
+def test_missing_config_json(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError):
+        resolve(model=str(tmp_path / "empty"))
+    with pytest.raises(ConfigError):
+        resolve(model=str(tmp_path / "does-not-exist"))
+
+
+def test_config_without_layer_count(tmp_path):
+    write(tmp_path / "m" / "config.json", {"max_position_embeddings": 512})
+    with pytest.raises(ConfigError):
+        resolve(model=str(tmp_path / "m"))
+
+
+def test_invalid_json(tmp_path):
+    write(tmp_path / "m" / "config.json", "{not json")
+    with pytest.raises(ConfigError):
+        resolve(model=str(tmp_path / "m"))
+
+
+def test_max_seq_len_above_model_limit(tmp_path):
+    folder = plain_folder(tmp_path, positions=256)
+    assert resolve(model=str(folder), max_seq_len=256).max_seq_len == 256
+    with pytest.raises(ConfigError):
+        resolve(model=str(folder), max_seq_len=257)
+
+
+def test_max_seq_len_above_tokenizer_limit(tmp_path):
+    with pytest.raises(ConfigError):
+        resolve(model=str(plain_folder(tmp_path, tokenizer_limit=128)), max_seq_len=200)
+
+
+@pytest.mark.parametrize("value", [0, 1, 2])
+def test_max_seq_len_too_small(tmp_path, value):
+    with pytest.raises(ConfigError):
+        resolve(model=str(plain_folder(tmp_path)), max_seq_len=value)
+
+
+@pytest.mark.parametrize("layer", [-7, -1, 0, 6])
+def test_pooling_layer_in_range(tmp_path, layer):
+    assert resolve(model=str(plain_folder(tmp_path, layers=6)), pooling_layer=[layer]).pooling.layers == (layer,)
+
+
+@pytest.mark.parametrize("layers", [[7], [-8], [-1, 12]])
+def test_pooling_layer_out_of_range(tmp_path, layers):
+    with pytest.raises(ConfigError):
+        resolve(model=str(plain_folder(tmp_path, layers=6)), pooling_layer=layers)
+
+
+@pytest.mark.parametrize("strategy", ["cls", "last"])
+def test_mask_cls_sep_with_unmaskable_strategy(tmp_path, strategy):
+    with pytest.raises(ConfigError):
+        resolve(model=str(plain_folder(tmp_path)), pooling_strategy=strategy, mask_cls_sep=True)
+
+
+def test_mask_cls_sep_with_sentence_transformers_cls_default(tmp_path):
+    with pytest.raises(ConfigError):
+        resolve(model=str(st_folder(tmp_path)), mask_cls_sep=True)
+
+
+@pytest.mark.parametrize("strategy", ["mean", "max", "mean_max", "none"])
+def test_mask_cls_sep_with_maskable_strategy(tmp_path, strategy):
+    settings = resolve(model=str(plain_folder(tmp_path)), pooling_strategy=strategy, mask_cls_sep=True)
+    assert settings.pooling.mask_cls_sep is True
+
+
+def test_unknown_strategy(tmp_path):
+    with pytest.raises(ConfigError):
+        resolve(model=str(plain_folder(tmp_path)), pooling_strategy="median")
+
+
+@pytest.mark.parametrize("modes", [("pooling_mode_mean_sqrt_len_tokens",),
+                                   ("pooling_mode_weightedmean_tokens",),
+                                   ("pooling_mode_mean_tokens", "pooling_mode_max_tokens"),
+                                   ()])
+def test_unsupported_sentence_transformers_pooling(tmp_path, modes):
+    folder = st_folder(tmp_path, modes=modes)
+    with pytest.raises(ConfigError):
+        resolve(model=str(folder))
+    settings = resolve(model=str(folder), pooling_strategy="mean")
+    assert settings.pooling.strategy == "mean"
+
+
+def test_fp16_without_cuda(tmp_path):
+    with pytest.raises(ConfigError):
+        resolve(model=str(plain_folder(tmp_path)), fp16=True)
+    with pytest.raises(ConfigError):
+        resolve(model=str(plain_folder(tmp_path)), fp16=True, device="cpu")
+
+
+def test_config_error_is_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+# ----- public_config -----
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+@pytest.mark.parametrize("suffix", ["", "/"])
+def test_public_config_has_no_path_and_no_host(tmp_path, suffix):
+    folder = st_folder(tmp_path, name="my-model")
+    settings = resolve(model=str(folder) + suffix, host="10.9.8.7")
+    assert settings.host == "10.9.8.7"
+    config = settings.public_config()
+    dumped = json.dumps(config)
+    assert "host" not in config
+    assert "10.9.8.7" not in dumped
+    assert str(tmp_path) not in dumped
+    assert not any(s.startswith("/") for s in _strings(config))
+    assert config["model"] == "my-model"
+    assert config["pooling_strategy"] == "cls"
+    assert config["pooling_layer"] == [-1]
+    assert config["normalize"] is True
+    assert config["mask_cls_sep"] is False
+    assert config["max_seq_len"] == 128
+
+
+@pytest.mark.parametrize("sizes, message", [
+    ({"num_worker": 0}, "--num-worker must be at least 1"),
+    ({"prefetch_size": 0}, "--prefetch-size must be at least 1"),
+    ({"max_batch_tokens": 0}, "--max-batch-tokens must be at least 1"),
+    ({"priority_batch_size": 300, "max_batch_size": 256}, "must not exceed --max-batch-size"),
+])
+def test_sizes_that_would_strand_jobs_are_refused(tmp_path, sizes, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve(model=plain_folder(tmp_path), **sizes)
