@@ -1,0 +1,268 @@
+"""encoder_server.batching (TokenizedJob, BatchPlanner, Pass.scatter) and encoder_server.arrays."""
+import numpy as np
+import pytest
+
+from encoder_server.arrays import concat_parts, pad_token_axis, stack_rows
+from encoder_server.batching import BatchPlanner, TokenizedJob
+
+CLS, SEP = 101, 102
+
+
+def make_job(lengths, priority=False, job_id=1, seq=1, offset=0):
+    """Row r has ids [CLS, marker, 5, 5, ..., SEP] with marker = 1000 * job_id + r (lengths >= 3)."""
+    ids, special = [], []
+    for row, length in enumerate(lengths):
+        assert length >= 3
+        ids.append([CLS, 1000 * job_id + row] + [5] * (length - 3) + [SEP])
+        special.append([1] + [0] * (length - 2) + [1])
+    return TokenizedJob(job_id=job_id, seq=seq, offset=offset, priority=priority, ids=ids, special=special)
+
+
+def fake_model(batch):
+    """What a model would see: one output per padded row, [marker id, real length]."""
+    markers = batch.input_ids[:, 1].astype(np.float32)
+    lengths = batch.attention_mask.sum(axis=1).astype(np.float32)
+    return np.stack([markers, lengths], axis=1)
+
+
+def all_passes(planner, limit=10000):
+    passes = []
+    for _ in range(limit):
+        batch = planner.next_pass()
+        if batch is None:
+            return passes
+        passes.append(batch)
+    raise AssertionError("planner never ran dry")
+
+
+def row_lengths(batch):
+    return [len(job.ids[row]) for job, row in batch.rows]
+
+
+# ----- budgets and ordering -----
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("max_tokens, max_size", [(64, 256), (100, 4), (30, 3), (1000, 7)])
+def test_passes_respect_budgets_and_cover_every_row_once(seed, max_tokens, max_size):
+    rng = np.random.default_rng(seed)
+    jobs = [make_job(list(rng.integers(3, 40, size=rng.integers(1, 20))), priority=bool(rng.integers(2)),
+                     job_id=j + 1) for j in range(4)]
+    planner = BatchPlanner(max_batch_tokens=max_tokens, max_batch_size=max_size)
+    for job in jobs:
+        planner.add(job)
+    seen = []
+    for batch in all_passes(planner):
+        lengths = row_lengths(batch)
+        n, longest = batch.input_ids.shape
+        assert n == len(batch.rows) >= 1
+        assert longest == max(lengths)
+        assert n <= max_size
+        assert n * longest <= max_tokens or n == 1
+        assert lengths == sorted(lengths)
+        seen.extend((job.job_id, row) for job, row in batch.rows)
+    expected = [(job.job_id, row) for job in jobs for row in range(len(job.ids))]
+    assert sorted(seen) == sorted(expected)
+    assert len(seen) == len(expected)
+    assert not planner
+
+
+def test_single_overlong_row_goes_alone():
+    planner = BatchPlanner(max_batch_tokens=10, max_batch_size=8)
+    planner.add(make_job([4, 30, 5]))
+    shapes = [b.input_ids.shape for b in all_passes(planner)]
+    assert (1, 30) in shapes
+    assert all(n * longest <= 10 or n == 1 for n, longest in shapes)
+
+
+def test_budget_used_fully_when_rows_equal():
+    planner = BatchPlanner(max_batch_tokens=40, max_batch_size=256)
+    planner.add(make_job([10] * 9))
+    shapes = [b.input_ids.shape for b in all_passes(planner)]
+    assert shapes == [(4, 10), (4, 10), (1, 10)]
+
+
+def test_max_batch_size_caps_rows():
+    planner = BatchPlanner(max_batch_tokens=10 ** 6, max_batch_size=3)
+    planner.add(make_job([3] * 7))
+    assert [b.input_ids.shape[0] for b in all_passes(planner)] == [3, 3, 1]
+
+
+def test_empty_planner():
+    planner = BatchPlanner()
+    assert not planner
+    assert planner.next_pass() is None
+
+
+# ----- padding -----
+
+def test_padding_uses_pad_id_and_masks_are_right():
+    planner = BatchPlanner(max_batch_tokens=1000, max_batch_size=16, pad_id=7)
+    job = make_job([6, 3, 4])
+    planner.add(job)
+    (batch,) = all_passes(planner)
+    assert batch.input_ids.dtype == np.int64
+    assert batch.input_ids.shape == (3, 6)
+    for i, (j, row) in enumerate(batch.rows):
+        ids, special = job.ids[row], job.special[row]
+        n = len(ids)
+        assert list(batch.input_ids[i, :n]) == ids
+        assert np.all(batch.input_ids[i, n:] == 7)
+        assert list(batch.attention_mask[i]) == [1] * n + [0] * (6 - n)
+        assert list(batch.special_tokens_mask[i]) == special + [0] * (6 - n)
+    assert [row for _, row in batch.rows] == [1, 2, 0]     # sorted by length 3, 4, 6
+
+
+# ----- priority -----
+
+def test_priority_rows_come_before_half_consumed_bulk_job():
+    planner = BatchPlanner(max_batch_tokens=20, max_batch_size=256)
+    bulk = make_job([5] * 12, priority=False, job_id=1)
+    planner.add(bulk)
+    first = planner.next_pass()
+    assert all(job is bulk for job, _ in first.rows)
+    consumed = len(first.rows)
+    assert 0 < consumed < 12
+    urgent = make_job([4, 6], priority=True, job_id=2)
+    planner.add(urgent)
+    second = planner.next_pass()
+    assert [job for job, _ in second.rows] == [urgent, urgent]
+    rest = all_passes(planner)
+    assert all(job is bulk for batch in rest for job, _ in batch.rows)
+    assert sum(len(b.rows) for b in rest) == 12 - consumed
+
+
+def test_priority_added_after_bulk_goes_first():
+    planner = BatchPlanner(max_batch_tokens=1000, max_batch_size=256)
+    bulk = make_job([5] * 3, priority=False, job_id=1)
+    urgent = make_job([9], priority=True, job_id=2)
+    planner.add(bulk)
+    planner.add(urgent)
+    first = planner.next_pass()
+    assert [job for job, _ in first.rows] == [urgent]
+
+
+def test_several_priority_jobs_share_one_pass():
+    planner = BatchPlanner(max_batch_tokens=1000, max_batch_size=256)
+    a = make_job([5, 8], priority=True, job_id=1)
+    b = make_job([3, 6], priority=True, job_id=2)
+    planner.add(a)
+    planner.add(b)
+    (batch,) = all_passes(planner)
+    assert {job.job_id for job, _ in batch.rows} == {1, 2}
+    assert row_lengths(batch) == [3, 5, 6, 8]
+    completed = batch.scatter(fake_model(batch))
+    assert set(completed) == {a, b}
+
+
+def test_bulk_jobs_run_in_arrival_order():
+    planner = BatchPlanner(max_batch_tokens=1000, max_batch_size=256)
+    first, second = make_job([9, 9], job_id=1), make_job([3, 3], job_id=2)
+    planner.add(first)
+    planner.add(second)
+    batches = all_passes(planner)
+    assert [[job.job_id for job, _ in b.rows] for b in batches] == [[1, 1], [2, 2]]
+
+
+# ----- scatter / result -----
+
+@pytest.mark.parametrize("seed", range(4))
+def test_scatter_restores_original_row_order(seed):
+    rng = np.random.default_rng(seed)
+    lengths = list(rng.integers(3, 30, size=17))
+    job = make_job(lengths, job_id=3)
+    planner = BatchPlanner(max_batch_tokens=60, max_batch_size=5)
+    planner.add(job)
+    completed = []
+    for batch in all_passes(planner):
+        completed += batch.scatter(fake_model(batch))
+    assert completed == [job]
+    assert job.done
+    result = job.result()
+    expected = np.array([[3000 + r, length] for r, length in enumerate(lengths)], dtype=np.float32)
+    np.testing.assert_array_equal(result, expected)
+
+
+def test_scatter_reports_job_done_only_in_its_last_pass():
+    planner = BatchPlanner(max_batch_tokens=12, max_batch_size=256)
+    job = make_job([4, 4, 4, 4, 4, 4], job_id=1)          # 3 rows per pass
+    planner.add(job)
+    results = [batch.scatter(fake_model(batch)) for batch in all_passes(planner)]
+    assert results == [[], [job]]
+    assert not make_job([3]).done
+
+
+def test_scatter_mixed_priority_jobs_each_get_their_rows():
+    planner = BatchPlanner(max_batch_tokens=1000, max_batch_size=256)
+    a = make_job([7, 3, 5], priority=True, job_id=1)
+    b = make_job([4, 6], priority=True, job_id=2)
+    planner.add(a)
+    planner.add(b)
+    for batch in all_passes(planner):
+        batch.scatter(fake_model(batch))
+    np.testing.assert_array_equal(a.result(), [[1000, 7], [1001, 3], [1002, 5]])
+    np.testing.assert_array_equal(b.result(), [[2000, 4], [2001, 6]])
+
+
+def test_token_level_outputs_padded_in_result():
+    # `none` pooling: each row's output is [seq, dim] with its own pass's seq length
+    planner = BatchPlanner(max_batch_tokens=12, max_batch_size=256)
+    job = make_job([3, 3, 3, 6], job_id=1)
+    planner.add(job)
+    for batch in all_passes(planner):
+        n, seq = batch.input_ids.shape
+        out = np.ones((n, seq, 2), dtype=np.float32) * batch.attention_mask[:, :, None]
+        batch.scatter(out)
+    result = job.result()
+    assert result.shape == (4, 6, 2)
+    assert np.all(result[:3, :3] == 1) and np.all(result[:3, 3:] == 0)
+    assert np.all(result[3] == 1)
+
+
+# ----- arrays helpers -----
+
+def test_stack_rows_pooled_vectors():
+    rows = [np.full(3, i, dtype=np.float32) for i in range(4)]
+    out = stack_rows(rows)
+    assert out.shape == (4, 3)
+    np.testing.assert_array_equal(out[:, 0], [0, 1, 2, 3])
+
+
+def test_stack_rows_token_level_zero_pads():
+    rows = [np.ones((2, 3)), np.full((5, 3), 2.0), np.full((4, 3), 3.0)]
+    out = stack_rows(rows)
+    assert out.shape == (3, 5, 3)
+    expected = np.zeros((3, 5, 3))
+    expected[0, :2] = 1
+    expected[1, :5] = 2
+    expected[2, :4] = 3
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_concat_parts_pooled_in_order():
+    parts = [np.full((2, 3), 1.0), np.full((1, 3), 2.0), np.full((3, 3), 3.0)]
+    out = concat_parts(parts)
+    assert out.shape == (6, 3)
+    np.testing.assert_array_equal(out[:, 0], [1, 1, 2, 3, 3, 3])
+
+
+def test_concat_parts_token_level_zero_pads():
+    parts = [np.ones((2, 4, 3)), np.full((1, 7, 3), 2.0)]
+    out = concat_parts(parts)
+    assert out.shape == (3, 7, 3)
+    expected = np.zeros((3, 7, 3))
+    expected[:2, :4] = 1
+    expected[2] = 2
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_pad_token_axis():
+    a = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    padded = pad_token_axis(a, 5, axis=1)
+    assert padded.shape == (1, 5, 3)
+    assert padded.dtype == np.float32
+    np.testing.assert_array_equal(padded[:, :2], a)
+    assert np.all(padded[:, 2:] == 0)
+    assert pad_token_axis(a, 2, axis=1).shape == (1, 2, 3)
+    assert pad_token_axis(a, 1, axis=1).shape == (1, 2, 3)   # never truncates
+    b = np.ones((2, 3))
+    np.testing.assert_array_equal(pad_token_axis(b, 4, axis=0), np.vstack([b, np.zeros((2, 3))]))

@@ -1,0 +1,314 @@
+"""encoder_client.protocol, encoder_client.validation and encoder_server.intake."""
+import json
+
+import numpy as np
+import pytest
+
+from encoder_client.protocol import (ProtocolError, Request, decode_reply, decode_request, decode_texts,
+                                     encode_data, encode_error, encode_request, encode_result)
+from encoder_client.validation import check_texts, looks_tokenized
+from encoder_server.intake import is_loopback, parse_encode
+
+
+def wire(frames):
+    """Frames as a socket would deliver them: plain bytes."""
+    return [bytes(frame) for frame in frames]
+
+
+def request_for(texts, req_id=3, msg_len=None, options=None, identity=b"client-1"):
+    payload = json.dumps(texts).encode()
+    frames = encode_request(identity, req_id, payload, len(texts) if msg_len is None else msg_len, options)
+    return decode_request(wire(frames))
+
+
+# ----- requests -----
+
+def test_request_round_trip_without_options():
+    payload = json.dumps(["a", "b"]).encode()
+    frames = encode_request(b"id-1", 17, payload, 2)
+    assert len(frames) == 4
+    request = decode_request(wire(frames))
+    assert request.identity == b"id-1"
+    assert request.req_id == 17
+    assert request.payload == payload
+    assert request.msg_len == 2
+    assert request.options == {}
+    assert request.command is None
+    assert decode_texts(request) == ["a", "b"]
+
+
+def test_request_round_trip_with_options():
+    payload = json.dumps([["a", "b"], ["c"]]).encode()
+    frames = encode_request(b"id-2", 5, payload, 2, {"is_tokenized": True, "show_tokens": False})
+    assert len(frames) == 5
+    request = decode_request(wire(frames))
+    assert request.options["is_tokenized"] is True
+    assert request.options["show_tokens"] is False
+    assert request.options["v"] == 1
+    assert decode_texts(request) == [["a", "b"], ["c"]]
+
+
+def test_command_request():
+    request = decode_request(wire(encode_request(b"id", 1, b"SHOW_CONFIG")))
+    assert request.command == b"SHOW_CONFIG"
+    assert decode_request(wire(encode_request(b"id", 1, b"SHOW_SOMETHING"))).command is None
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 6])
+def test_wrong_frame_count(count):
+    frames = [b"ident", b"[]", b"1", b"0", b"{}", b"extra"][:count]
+    with pytest.raises(ProtocolError) as info:
+        decode_request(frames)
+    assert info.value.identity == b"ident"
+
+
+def test_no_frames():
+    with pytest.raises(ProtocolError) as info:
+        decode_request([])
+    assert info.value.identity is None
+
+
+@pytest.mark.parametrize("req_id", [b"abc", b"", b"1.5", b"\xff"])
+def test_non_numeric_req_id(req_id):
+    with pytest.raises(ProtocolError) as info:
+        decode_request([b"ident", b"[]", req_id, b"0"])
+    assert info.value.identity == b"ident"
+    assert "req_id" in str(info.value)
+
+
+@pytest.mark.parametrize("msg_len", [b"x", b"", b"2e3"])
+def test_non_numeric_msg_len(msg_len):
+    with pytest.raises(ProtocolError) as info:
+        decode_request([b"ident", b"[]", b"12", msg_len])
+    assert info.value.identity == b"ident"
+    assert info.value.req_id == 12
+    assert "msg_len" in str(info.value)
+
+
+@pytest.mark.parametrize("options", [b"{not json", b"[1, 2]", b"\"text\"", b"\xff\xfe\x00", b"null"])
+def test_bad_options(options):
+    with pytest.raises(ProtocolError) as info:
+        decode_request([b"ident", b"[]", b"8", b"0", options])
+    assert info.value.identity == b"ident"
+    assert info.value.req_id == 8
+
+
+def test_oversized_identity():
+    with pytest.raises(ProtocolError) as info:
+        decode_request([b"x" * 257, b"[]", b"1", b"0"])
+    assert info.value.identity is None
+    # the limit itself is fine
+    assert decode_request([b"x" * 256, b"[]", b"1", b"0"]).identity == b"x" * 256
+
+
+@pytest.mark.parametrize("payload", [b"[\"unterminated", b"\x80\x81\xfe\xff", b"", b"not json"])
+def test_decode_texts_rejects_junk(payload):
+    request = decode_request([b"ident", payload, b"4", b"1"])
+    with pytest.raises(ProtocolError) as info:
+        decode_texts(request)
+    assert info.value.identity == b"ident"
+    assert info.value.req_id == 4
+
+
+def test_protocol_error_is_value_error():
+    assert issubclass(ProtocolError, ValueError)
+
+
+# ----- replies -----
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 5, 4), (1, 1)])
+def test_result_round_trip(shape):
+    array = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+    reply = decode_reply(wire(encode_result(b"id", 9, array)))
+    assert reply.req_id == 9
+    assert reply.array.dtype == np.float32
+    assert reply.array.shape == shape
+    np.testing.assert_array_equal(reply.array, array)
+    assert reply.tokens is None
+    assert reply.error is None and reply.data is None
+
+
+def test_result_round_trip_non_contiguous_array():
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    array = base.T                            # Fortran-ordered view
+    reply = decode_reply(wire(encode_result(b"id", 1, array)))
+    assert reply.array.shape == (4, 3)
+    np.testing.assert_array_equal(reply.array, array)
+
+
+def test_result_round_trip_with_tokens():
+    array = np.ones((2, 3), dtype=np.float32)
+    tokens = [["[CLS]", "hello", "[SEP]"], ["[CLS]", "hi", "there", "[SEP]"]]
+    frames = encode_result(b"id", 2, array, tokens)
+    assert frames[0] == b"id"
+    reply = decode_reply(wire(frames))
+    assert reply.tokens == tokens
+    np.testing.assert_array_equal(reply.array, array)
+
+
+def test_error_round_trip():
+    frames = encode_error(b"id", 11, "bad request: no")
+    assert len(frames) == 4 and frames[0] == b"id"
+    reply = decode_reply(wire(frames))
+    assert reply.req_id == 11
+    assert reply.error == "bad request: no"
+    assert reply.array is None and reply.data is None
+
+
+def test_data_round_trip():
+    data = {"ready": True, "queue_depth": {"priority": 0}, "n": 3}
+    frames = encode_data(b"id", 12, data)
+    assert len(frames) == 3
+    reply = decode_reply(wire(frames))
+    assert reply.req_id == 12
+    assert reply.data == data
+    assert reply.array is None and reply.error is None
+
+
+def test_negative_req_id_round_trip():
+    reply = decode_reply(wire(encode_error(b"id", -1, "x")))
+    assert reply.req_id == -1
+
+
+# ----- check_texts -----
+
+@pytest.mark.parametrize("texts", ["a string", ("a", "b"), None, {"a": 1}, 5])
+def test_check_texts_non_list(texts):
+    with pytest.raises(TypeError):
+        check_texts(texts)
+
+
+@pytest.mark.parametrize("texts, index", [(["a", "b", 3], 2), ([None], 0), (["a", b"bytes"], 1),
+                                          (["a", ["b"]], 1)])
+def test_check_texts_non_str_item(texts, index):
+    with pytest.raises(TypeError, match=rf"texts\[{index}\]"):
+        check_texts(texts)
+
+
+def test_check_texts_empty_list():
+    with pytest.raises(ValueError):
+        check_texts([])
+    with pytest.raises(ValueError):
+        check_texts([], is_tokenized=True)
+
+
+@pytest.mark.parametrize("texts, index", [(["a", "b", ""], 2), (["   "], 0), (["a", "\t\n "], 1)])
+def test_check_texts_empty_or_whitespace(texts, index):
+    with pytest.raises(ValueError, match=rf"texts\[{index}\]"):
+        check_texts(texts)
+
+
+def test_check_texts_accepts_good_input():
+    check_texts(["hello", " padded ", "ünïcödé"])
+    check_texts([["hello", "world"], ["x"]], is_tokenized=True)
+
+
+@pytest.mark.parametrize("texts, error, where", [
+    (["a b"], TypeError, r"texts\[0\]"),
+    ([["a"], "b"], TypeError, r"texts\[1\]"),
+    ([["a"], []], ValueError, r"texts\[1\]"),
+    ([["a", 1]], TypeError, r"texts\[0\]\[1\]"),
+    ([["a"], ["b", " "]], ValueError, r"texts\[1\]\[1\]"),
+    ([["a"], ["b", ""]], ValueError, r"texts\[1\]\[1\]"),
+])
+def test_check_texts_tokenized(texts, error, where):
+    with pytest.raises(error, match=where):
+        check_texts(texts, is_tokenized=True)
+
+
+def test_looks_tokenized():
+    assert looks_tokenized([["a"], ["b", "c"]])
+    assert not looks_tokenized([["a"], "b"])
+    assert not looks_tokenized(["a"])
+    assert not looks_tokenized([])
+    assert not looks_tokenized("abc")
+
+
+# ----- parse_encode -----
+
+def test_parse_encode_plain():
+    parsed = parse_encode(request_for(["a", "b", "c"], req_id=6), show_tokens_allowed=False)
+    assert parsed.identity == b"client-1" and parsed.req_id == 6
+    assert parsed.texts == ["a", "b", "c"]
+    assert parsed.is_tokenized is False
+    assert parsed.with_tokens is False
+
+
+@pytest.mark.parametrize("msg_len", [0, 2, 4])
+def test_parse_encode_msg_len_mismatch(msg_len):
+    with pytest.raises(ProtocolError) as info:
+        parse_encode(request_for(["a", "b", "c"], msg_len=msg_len, req_id=77), False)
+    assert info.value.identity == b"client-1"
+    assert info.value.req_id == 77
+
+
+def test_parse_encode_show_tokens_not_allowed():
+    with pytest.raises(ProtocolError) as info:
+        parse_encode(request_for(["a"], options={"show_tokens": True}), show_tokens_allowed=False)
+    assert info.value.identity == b"client-1"
+
+
+def test_parse_encode_show_tokens():
+    assert parse_encode(request_for(["a"], options={"show_tokens": True}), True).with_tokens is True
+    assert parse_encode(request_for(["a"], options={"show_tokens": False}), True).with_tokens is False
+    assert parse_encode(request_for(["a"], options={"show_tokens": False}), False).with_tokens is False
+    # bert-as-service's client sends no options: tokens whenever the server allows them
+    assert parse_encode(request_for(["a"]), True).with_tokens is True
+
+
+def test_parse_encode_infers_tokenized_without_options():
+    parsed = parse_encode(request_for([["hello", "world"], ["x"]]), False)
+    assert parsed.is_tokenized is True
+    assert parsed.texts == [["hello", "world"], ["x"]]
+
+
+def test_parse_encode_explicit_tokenized_option():
+    parsed = parse_encode(request_for([["a"]], options={"is_tokenized": True}), False)
+    assert parsed.is_tokenized is True
+    with pytest.raises(ProtocolError):
+        parse_encode(request_for(["a"], options={"is_tokenized": True}), False)
+    with pytest.raises(ProtocolError):
+        parse_encode(request_for([["a"]], options={"is_tokenized": False}), False)
+
+
+@pytest.mark.parametrize("texts, where", [(["a", ""], "texts[1]"), (["a", 5, "b"], "texts[1]"),
+                                          ([], "empty"), ([["a"], ["b", ""]], "texts[1][1]")])
+def test_parse_encode_invalid_texts(texts, where):
+    with pytest.raises(ProtocolError) as info:
+        parse_encode(request_for(texts, req_id=31), False)
+    assert where in str(info.value)
+    assert info.value.identity == b"client-1" and info.value.req_id == 31
+
+
+@pytest.mark.parametrize("payload", [b"{\"a\": 1}", b"\"just a string\"", b"42", b"null"])
+def test_parse_encode_non_list_payload(payload):
+    request = Request(b"id", 2, payload, 1)
+    with pytest.raises(ProtocolError) as info:
+        parse_encode(request, False)
+    assert info.value.identity == b"id"
+
+
+def test_parse_encode_invalid_json():
+    with pytest.raises(ProtocolError):
+        parse_encode(Request(b"id", 2, b"\xff\x00junk", 1), False)
+
+
+# ----- is_loopback -----
+
+@pytest.mark.parametrize("address, expected", [
+    ("127.0.0.1", True),
+    ("127.5.6.7", True),
+    ("::1", True),
+    ("::ffff:127.0.0.1", True),
+    ("10.0.0.1", False),
+    ("192.168.1.20", False),
+    ("::ffff:10.0.0.1", False),
+    ("2001:db8::1", False),
+    (None, False),
+    ("", False),
+    ("localhost", False),
+    ("not an address", False),
+    ("127.0.0.1:5555", False),
+])
+def test_is_loopback(address, expected):
+    assert is_loopback(address) is expected

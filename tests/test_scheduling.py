@@ -1,0 +1,263 @@
+"""encoder_server.scheduling: request splitting, the fair queue, and the dispatcher."""
+import itertools
+
+import pytest
+
+from encoder_server.scheduling import Dispatcher, FairQueue, Job, split_request
+
+
+def texts(n, prefix="t"):
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+# ----- split_request -----
+
+@pytest.mark.parametrize("n", [1, 5, 16])
+def test_small_request_is_one_priority_job(n):
+    jobs = split_request(7, b"A", texts(n), priority_batch_size=16, max_batch_size=4,
+                         job_ids=itertools.count(1))
+    assert len(jobs) == 1
+    job = jobs[0]
+    assert job.priority is True
+    assert job.offset == 0 and job.seq == 7 and job.client == b"A"
+    assert job.texts == texts(n)
+
+
+@pytest.mark.parametrize("n, size", [(17, 4), (100, 7), (64, 16), (33, 32), (1000, 256)])
+def test_large_request_is_split_into_bulk_jobs_covering_every_text_once(n, size):
+    request = texts(n)
+    jobs = split_request(3, b"A", request, priority_batch_size=16, max_batch_size=size,
+                         job_ids=itertools.count(1))
+    assert len(jobs) == -(-n // size)
+    assert all(not job.priority for job in jobs)
+    assert all(1 <= len(job.texts) <= size for job in jobs)
+    covered = []
+    for job in jobs:
+        assert job.texts == request[job.offset:job.offset + len(job.texts)]
+        covered.extend(range(job.offset, job.offset + len(job.texts)))
+    assert sorted(covered) == list(range(n))
+    assert len(covered) == n
+
+
+def test_split_request_uses_fresh_job_ids_and_flags():
+    ids = itertools.count(10)
+    jobs = split_request(1, b"A", texts(9), 2, 4, ids, is_tokenized=True, with_tokens=True)
+    more = split_request(2, b"A", texts(1), 2, 4, ids)
+    all_ids = [job.job_id for job in jobs + more]
+    assert len(set(all_ids)) == len(all_ids) == 4
+    assert all(job.is_tokenized and job.with_tokens for job in jobs)
+    assert not more[0].is_tokenized and not more[0].with_tokens
+
+
+# ----- FairQueue -----
+
+def job(job_id, client):
+    return Job(job_id, seq=0, offset=0, texts=["x"], client=client, priority=False)
+
+
+def test_fair_queue_round_robin_and_fifo():
+    queue = FairQueue()
+    for i in range(4):
+        queue.push(job(i, b"A"))
+    for i in range(10, 12):
+        queue.push(job(i, b"B"))
+    queue.push(job(20, b"C"))
+    assert len(queue) == 7 and queue.clients == 3
+    order = [queue.pop() for _ in range(7)]
+    assert [(j.client, j.job_id) for j in order] == [
+        (b"A", 0), (b"B", 10), (b"C", 20), (b"A", 1), (b"B", 11), (b"A", 2), (b"A", 3)]
+    assert len(queue) == 0 and queue.clients == 0
+    assert not queue
+
+
+def test_fair_queue_client_that_returns_goes_to_the_back():
+    queue = FairQueue()
+    queue.push(job(1, b"A"))
+    queue.push(job(2, b"B"))
+    assert queue.pop().job_id == 1           # A now has nothing queued
+    queue.push(job(3, b"A"))                 # A comes back behind B
+    assert [queue.pop().job_id for _ in range(2)] == [2, 3]
+
+
+# ----- Dispatcher -----
+
+def drain_one_at_a_time(dispatcher, limit=1000):
+    """Take assignments and mark them done one by one; the order jobs were sent."""
+    order = []
+    for _ in range(limit):
+        sent = dispatcher.assignments()
+        if not sent:
+            break
+        for _, j in sent:
+            order.append(j)
+            dispatcher.job_done(j.job_id)
+    return order
+
+
+def test_priority_jobs_dispatched_before_bulk():
+    d = Dispatcher(priority_batch_size=4, max_batch_size=8, prefetch_size=2)
+    d.submit(1, b"A", texts(40))             # bulk, submitted first
+    d.submit(2, b"B", texts(3))              # priority
+    d.add_worker(b"w1")
+    sent = d.assignments()
+    assert sent[0][1].priority and sent[0][1].seq == 2
+    assert [j.priority for _, j in sent] == [True, False, False]
+
+
+def test_worker_holds_at_most_prefetch_size_bulk_jobs():
+    d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=3)
+    d.submit(1, b"A", texts(40))             # 10 bulk jobs
+    d.add_worker(b"w1")
+    first = d.assignments()
+    assert len(first) == 3
+    assert d.assignments() == []
+    d.job_done(first[0][1].job_id)
+    again = d.assignments()
+    assert len(again) == 1
+    assert again[0][1].offset == 12          # FIFO within the client
+    assert d.assignments() == []
+
+
+def test_bulk_spread_over_workers_by_load():
+    d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=2)
+    d.add_worker(b"w1")
+    d.add_worker(b"w2")
+    d.submit(1, b"A", texts(40))
+    sent = d.assignments()
+    assert len(sent) == 4
+    workers = [w for w, _ in sent]
+    assert workers.count(b"w1") == 2 and workers.count(b"w2") == 2
+    assert d.workers == {"w1": 8, "w2": 8}
+
+
+def test_priority_job_still_dispatched_when_bulk_slots_full():
+    d = Dispatcher(priority_batch_size=4, max_batch_size=8, prefetch_size=1)
+    d.add_worker(b"w1")
+    d.submit(1, b"A", texts(40))
+    assert len(d.assignments()) == 1
+    assert d.assignments() == []             # bulk slot full
+    d.submit(2, b"B", texts(2))
+    sent = d.assignments()
+    assert len(sent) == 1
+    worker, j = sent[0]
+    assert worker == b"w1" and j.priority and j.seq == 2
+
+
+def test_priority_texts_per_worker_capped_by_max_batch_size():
+    d = Dispatcher(priority_batch_size=4, max_batch_size=8, prefetch_size=1)
+    d.add_worker(b"w1")
+    for seq in (1, 2, 3):
+        d.submit(seq, b"A", texts(4))
+    sent = d.assignments()
+    assert [j.seq for _, j in sent] == [1, 2]
+    assert d.queue_depths()["priority"] == 1
+    d.job_done(sent[0][1].job_id)
+    assert [j.seq for _, j in d.assignments()] == [3]
+
+
+def test_nothing_assigned_without_workers():
+    d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=1)
+    d.submit(1, b"A", texts(1))
+    d.submit(2, b"A", texts(20))
+    assert d.assignments() == []
+    assert d.queue_depths() == {"priority": 1, "bulk": 5, "bulk_clients": 1}
+
+
+def test_fairness_between_clients():
+    d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=1)
+    d.submit(1, b"A", texts(80, "a"))        # 20 bulk jobs
+    d.submit(2, b"B", texts(8, "b"))         # 2 bulk jobs
+    d.add_worker(b"w1")
+    order = drain_one_at_a_time(d)
+    assert len(order) == 22
+    b_turns = [turn for turn, j in enumerate(order) if j.client == b"B"]
+    assert len(b_turns) == 2
+    assert max(b_turns) < 4, b_turns         # not after all of A's 20 jobs
+    assert [j.offset for j in order if j.client == b"A"] == list(range(0, 80, 4))
+    assert [j.offset for j in order if j.client == b"B"] == [0, 4]
+
+
+def test_fairness_when_late_client_arrives_mid_stream():
+    d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=1)
+    d.add_worker(b"w1")
+    d.submit(1, b"A", texts(80))
+    order = []
+    for _ in range(3):                       # A runs alone for a while
+        (_, j), = d.assignments()
+        order.append(j)
+        d.job_done(j.job_id)
+    d.submit(2, b"B", texts(8))
+    order += drain_one_at_a_time(d)
+    b_turns = [turn for turn, j in enumerate(order) if j.client == b"B"]
+    assert b_turns and b_turns[0] <= 4 and b_turns[-1] <= 6, b_turns
+
+
+def test_job_done_returns_seq_only_when_request_complete():
+    d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=5)
+    d.add_worker(b"w1")
+    d.submit(9, b"A", texts(12))             # 3 bulk jobs
+    sent = d.assignments()
+    assert len(sent) == 3
+    ids = [j.job_id for _, j in sent]
+    assert d.job_done(ids[2]) is None
+    assert d.job_done(ids[0]) is None
+    assert d.in_flight_requests == 1
+    assert d.job_done(ids[1]) == 9
+    assert d.in_flight_requests == 0
+
+
+def test_job_done_twice_is_ignored():
+    d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=5)
+    d.add_worker(b"w1")
+    d.submit(1, b"A", texts(8))
+    (_, j1), (_, j2) = d.assignments()
+    assert d.job_done(j1.job_id) is None
+    assert d.job_done(j1.job_id) is None     # a repeated DONE must not count twice
+    assert d.in_flight_requests == 1
+    assert d.job_done(j2.job_id) == 1
+
+
+def test_in_flight_and_queue_depths():
+    d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=1)
+    assert d.in_flight_requests == 0
+    assert d.queue_depths() == {"priority": 0, "bulk": 0, "bulk_clients": 0}
+    d.submit(1, b"A", texts(2))
+    d.submit(2, b"A", texts(10))             # 3 bulk jobs
+    d.submit(3, b"B", texts(5))              # 2 bulk jobs
+    assert d.in_flight_requests == 3
+    assert d.queue_depths() == {"priority": 1, "bulk": 5, "bulk_clients": 2}
+    d.add_worker(b"w1")
+    sent = d.assignments()
+    assert [j.priority for _, j in sent] == [True, False]
+    assert d.queue_depths() == {"priority": 0, "bulk": 4, "bulk_clients": 2}
+    assert d.workers == {"w1": 2 + 4}
+    assert d.job_done(sent[0][1].job_id) == 1
+    assert d.in_flight_requests == 2
+    assert d.workers == {"w1": 4}
+    order = drain_one_at_a_time(d)
+    d.job_done(sent[1][1].job_id)
+    order = order + drain_one_at_a_time(d)
+    assert d.in_flight_requests == 0
+    assert d.queue_depths() == {"priority": 0, "bulk": 0, "bulk_clients": 0}
+    assert d.workers == {"w1": 0}
+
+
+def test_unknown_job_id_ignored():
+    d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=1)
+    d.add_worker(b"w1")
+    d.submit(1, b"A", texts(1))
+    sent = d.assignments()
+    assert d.job_done(12345) is None
+    assert d.in_flight_requests == 1
+    assert d.workers == {"w1": 1}
+    assert d.job_done(sent[0][1].job_id) == 1
+
+
+def test_add_worker_twice_keeps_its_load():
+    d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=1)
+    d.add_worker(b"w1")
+    d.submit(1, b"A", texts(20))
+    assert len(d.assignments()) == 1
+    d.add_worker(b"w1")                      # a repeated READY
+    assert d.assignments() == []
+    assert d.workers == {"w1": 4}
