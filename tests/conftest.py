@@ -1,0 +1,158 @@
+"""Fixtures: a tiny random BERT in a temp folder, and real encoder-server processes on loopback."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from encoder_client import EncoderClient
+
+WORDS = ("the a an of to and in is was for on that with as by it at from this be are or not have has "
+         "cat dog bird fish tree house car road city river sun moon star sky rain snow wind fire water "
+         "red blue green big small old new fast slow good bad happy sad run walk jump read write sing").split()
+START_TIMEOUT = 120
+
+
+def build_tiny_bert(folder, seed=0, max_positions=64):
+    """A random 3-layer BERT with its tokenizer, saved in Hugging Face layout."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *"abcdefghijklmnopqrstuvwxyz0123456789.,!?",
+             *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789")]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab=str(folder / "vocab.txt")).save_pretrained(folder)
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=37, max_position_embeddings=max_positions)
+    BertModel(config).eval().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class RunningServer:
+    def __init__(self, process, port, port_out, log_path, tmpdir):
+        self.process, self.port, self.port_out = process, port, port_out
+        self.log_path, self.tmpdir = log_path, tmpdir
+
+    def client(self, **kwargs):
+        kwargs.setdefault("timeout", 60)
+        return EncoderClient("127.0.0.1", self.port, self.port_out, **kwargs)
+
+    @property
+    def log(self):
+        return Path(self.log_path).read_text(errors="replace")
+
+    def wait_ready(self):
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log}")
+            try:
+                with self.client(timeout=1) as client:
+                    if client.server_status["ready"]:
+                        return self
+            except TimeoutError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready within {START_TIMEOUT}s:\n{self.log}")
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            raise
+
+
+@contextmanager
+def running_server(model_dir, *flags, tmp_path):
+    """Start `encoder-server start` as a real process group; stop it and check nothing is left."""
+    port, port_out = free_port(), free_port()
+    tmpdir = tmp_path / "server-tmp"
+    tmpdir.mkdir(exist_ok=True)
+    log_path = tmp_path / f"server-{port}.log"
+    command = [sys.executable, "-m", "encoder_server.cli", "start", "--model", str(model_dir),
+               "--port", str(port), "--port-out", str(port_out), *flags]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "TMPDIR": str(tmpdir), "HF_HUB_OFFLINE": "1"})
+    server = RunningServer(process, port, port_out, log_path, tmpdir)
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+        assert_no_leftovers(server)
+
+
+def assert_no_leftovers(server):
+    """No child process of the server's group and no ipc folder remain."""
+    deadline = time.monotonic() + 10
+    while _group_alive(server.process.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _group_alive(server.process.pid), "server processes outlived the stop"
+    assert list(Path(server.tmpdir).iterdir()) == [], "ipc files left behind"
+
+
+def _group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_model, tmp_path_factory):
+    """Two workers, small jobs so that requests split, tokens allowed."""
+    with running_server(tiny_model, "--num-worker", "2", "--max-batch-size", "32", "--priority-batch-size", "4",
+                        "--max-batch-tokens", "512", "--show-tokens-to-client",
+                        tmp_path=tmp_path_factory.mktemp("tiny-server")) as server:
+        yield server
+
+
+def reference_embeddings(model_dir, texts, layers=(-2,), strategy="mean", is_tokenized=False, max_length=None):
+    """A plain in-process reference: Hugging Face model, numpy pooling (no server code involved)."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir).eval()
+    rows = []
+    for text in texts:
+        encoded = tokenizer([text], is_split_into_words=is_tokenized, truncation=True,
+                            max_length=max_length or model.config.max_position_embeddings, return_tensors="pt")
+        with torch.inference_mode():
+            hidden = model(**encoded, output_hidden_states=True).hidden_states
+        parts = []
+        for layer in layers:
+            tokens = hidden[layer][0].numpy()
+            parts.append({"mean": tokens.mean(0), "max": tokens.max(0), "cls": tokens[0],
+                          "last": tokens[-1]}[strategy])
+        rows.append(np.concatenate(parts))
+    return np.stack(rows)
+
+
+def random_texts(count, seed=0, min_words=1, max_words=30):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=rng.integers(min_words, max_words + 1))) for _ in range(count)]

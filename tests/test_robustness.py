@@ -1,0 +1,142 @@
+"""Hostile input at the public port, graceful stop, and start-up errors: real processes only."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import zmq
+
+from conftest import free_port, random_texts, running_server
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _hostile_frame_sets(identity):
+    return [
+        ("wrong frame count", [identity, b'["a"]']),
+        ("bad JSON", [identity, b'["unclosed', b"1", b"1"]),
+        ("not a list of strings", [identity, b'{"a": 1}', b"2", b"1"]),
+        ("list with a number", [identity, b'["ok", 5]', b"3", b"2"]),
+        ("non-numeric id", [identity, b'["ok"]', b"abc", b"1"]),
+        ("lying msg_len", [identity, b'["ok", "fine"]', b"5", b"7"]),
+        ("1 MB binary junk", [identity, os.urandom(1 << 20), b"6", b"1"]),
+        ("empty string", [identity, b'[""]', b"7", b"1"]),
+        ("options not an object", [identity, b'["ok"]', b"8", b"1", b"[1, 2]"]),
+    ]
+
+
+def test_hostile_frames_get_error_replies_and_others_never_notice(tiny_server):
+    context = zmq.Context.instance()
+    identity = b"hostile-peer"
+    sender = context.socket(zmq.PUSH)
+    receiver = context.socket(zmq.SUB)
+    receiver.setsockopt(zmq.SUBSCRIBE, identity)
+    for sock, port in ((sender, tiny_server.port), (receiver, tiny_server.port_out)):
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+    with tiny_server.client() as bystander:
+        stream = iter(bystander.encode_async(iter([random_texts(40, seed=i) for i in range(20)])))
+        first = next(stream)  # a well-behaved client is mid-stream while the junk arrives
+        receiver.poll(500)  # let the subscription settle (the frames below are not retried)
+        cases = _hostile_frame_sets(identity)
+        for _, frames in cases:
+            sender.send_multipart(frames)
+        sender.send_multipart([b"x" * 5000, b"[]", b"1", b"0"])  # unreadable identity: logged, dropped
+        errors = []
+        while receiver.poll(5000) and len(errors) < len(cases):
+            frames = receiver.recv_multipart()
+            assert frames[0] == identity
+            errors.append(json.loads(frames[1])["error"])
+        rest = list(stream)
+        big_text = bystander.encode(["the cat " * 25000])  # a 200 kB text is truncated, not refused
+        assert bystander.server_status["workers_alive"] == 2
+    assert len(errors) == len(cases), errors
+    assert all(error.startswith("bad request") for error in errors)
+    joined = " | ".join(errors)
+    for fragment in ("4 or 5 frames", "not valid JSON", "must be a list", "texts[1]", "req_id",
+                     "msg_len is 7", "texts[0]", "options"):
+        assert fragment in joined
+    assert first.shape == (40, 32) and len(rest) == 19 and big_text.shape == (1, 32)
+    sender.close()
+    receiver.close()
+
+
+def test_graceful_stop_finishes_in_flight_requests(tiny_model, tmp_path):
+    texts = random_texts(2000, seed=8, min_words=20, max_words=40)
+    with running_server(tiny_model, tmp_path=tmp_path) as server:
+        with server.client() as client:
+            expected_first = client.encode(texts[:3])
+            client.encode(texts, blocking=False)
+            stopper = subprocess.run([sys.executable, "-m", "encoder_server.cli", "stop", "--port", str(server.port),
+                                      "--port-out", str(server.port_out)], capture_output=True, text=True,
+                                     timeout=120)
+            result = client.fetch_all(concat=True)
+        assert stopper.returncode == 0, stopper.stderr
+        assert server.process.wait(30) == 0
+    assert result.shape == (2000, 32)
+    np.testing.assert_allclose(result[:3], expected_first, atol=1e-6)
+
+
+def test_sigint_stops_cleanly_and_refuses_nothing_in_flight(tiny_model, tmp_path):
+    texts = random_texts(1500, seed=9, min_words=20, max_words=40)
+    with running_server(tiny_model, tmp_path=tmp_path) as server:
+        with server.client() as client:
+            client.encode(texts, blocking=False)
+            threading.Timer(0.3, lambda: os.killpg(server.process.pid, signal.SIGINT)).start()
+            result = client.fetch_all(concat=True)
+        assert server.process.wait(30) == 0
+        assert "Traceback" not in server.log
+    assert result.shape == (1500, 32)
+
+
+def _start(*flags):
+    return subprocess.run([sys.executable, "-m", "encoder_server.cli", "start", *flags],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "/nonexistent/model"], "no config.json"),
+    (["--max-seq-len", "100000"], "above the model's limit"),
+    (["--pooling-layer", "9"], "--pooling-layer 9"),
+    (["--pooling-strategy", "cls", "--mask-cls-sep"], "--mask-cls-sep"),
+    (["--fp16"], "--fp16 needs --device cuda"),
+])
+def test_start_up_errors_are_one_clear_line(tiny_model, flags, message):
+    if "--model" not in flags:
+        flags = ["--model", str(tiny_model), *flags]
+    finished = _start(*flags, "--port", str(free_port()), "--port-out", str(free_port()))
+    assert finished.returncode == 2
+    assert message in finished.stderr and "Traceback" not in finished.stderr
+    assert len(finished.stderr.strip().splitlines()) == 1
+
+
+def test_port_in_use_is_a_clear_error(tiny_model):
+    with zmq.Context.instance().socket(zmq.PULL) as taken:
+        port = taken.bind_to_random_port("tcp://127.0.0.1")
+        finished = _start("--model", str(tiny_model), "--port", str(port), "--port-out", str(free_port()))
+    assert finished.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in finished.stderr and "Traceback" not in finished.stderr
+
+
+def test_bad_flag_is_rejected_without_traceback():
+    finished = _start("--num-worker", "many")
+    assert finished.returncode == 2 and "invalid int value" in finished.stderr
+    assert "Traceback" not in finished.stderr
+
+
+def test_status_command_reports_ready(tiny_server):
+    finished = subprocess.run([sys.executable, "-m", "encoder_server.cli", "status", "--port", str(tiny_server.port),
+                               "--port-out", str(tiny_server.port_out)], capture_output=True, text=True, timeout=60)
+    assert finished.returncode == 0, finished.stderr
+    assert json.loads(finished.stdout)["workers_alive"] == 2
+
+
+def test_status_command_fails_when_no_server():
+    finished = subprocess.run([sys.executable, "-m", "encoder_server.cli", "status", "--port", str(free_port()),
+                               "--port-out", str(free_port()), "--timeout", "1"],
+                              capture_output=True, text=True, timeout=60)
+    assert finished.returncode == 1 and "no answer" in finished.stderr
