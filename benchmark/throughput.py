@@ -126,7 +126,7 @@ def main():
     (HERE / "RESULTS.md").write_text(
         f"# Throughput\n\nBundled all-MiniLM-L6-v2, {args.texts} texts of {args.words} words, one client, "
         f"{cpus} CPU cores, median of {args.repeats} runs, all engines measured in the same run "
-        f"(`python benchmark/throughput.py --repeats {args.repeats}`). Compare ratios, not absolute "
+        f"(`python benchmark/throughput.py --texts {args.texts} --words {args.words} --repeats {args.repeats}`). Compare ratios, not absolute "
         "figures: one engine varies by about 10% between processes.\n\n" + "\n".join(table) + "\n")
 
 
