@@ -56,19 +56,17 @@ def sentence_transformers_run(model, texts, repeats):
 
 def in_process_run(settings, texts, repeats):
     from encoder_server.backends import load_encoder
-    from encoder_server.batching import BatchPlanner
+    from encoder_server.batching import BatchPlanner, drain
+    from encoder_server.scheduling import Job
     from encoder_server.tokenizer import TextTokenizer
     tokenizer, encoder = TextTokenizer(settings.model, settings.truncate_at), load_encoder(settings)
 
     def run():
         planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, tokenizer.pad_id)
         for start in range(0, len(texts), settings.max_batch_size):
-            planner.add(tokenizer.tokenize({"job_id": start, "seq": 0, "offset": start, "priority": False,
-                                            "texts": texts[start:start + settings.max_batch_size],
-                                            "is_tokenized": False, "with_tokens": False}))
-        while planner:
-            batch = planner.next_pass()
-            batch.scatter(encoder.embed(batch))
+            planner.add(tokenizer.tokenize(Job(job_id=start, seq=0, offset=start,
+                                               texts=texts[start:start + settings.max_batch_size])))
+        drain(planner, encoder.embed)
     run()
     return timed(run, repeats)
 

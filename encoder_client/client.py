@@ -9,6 +9,7 @@ import time
 import uuid
 from collections import deque
 
+import numpy as np
 import zmq
 
 from .errors import ServerError
@@ -43,7 +44,7 @@ class EncoderClient:
         self._arrived = {}
         self._closed = False
         try:
-            self._config = self._handshake(CONNECT_TIMEOUT if timeout is None else timeout)
+            self._handshake(CONNECT_TIMEOUT if timeout is None else timeout)
         except BaseException:
             self.close()
             raise
@@ -129,7 +130,8 @@ class EncoderClient:
         while time.monotonic() < deadline:
             req_id = self._send(b"SHOW_CONFIG", 0)
             try:
-                return self._wait(req_id, min(deadline, time.monotonic() + HANDSHAKE_INTERVAL))[0].data
+                self._wait(req_id, min(deadline, time.monotonic() + HANDSHAKE_INTERVAL))
+                return
             except TimeoutError:
                 continue
         raise TimeoutError(f"no answer from an encoder-server at {self.address} within {timeout:g}s; "
@@ -205,5 +207,4 @@ def _as_identity(identity):
 def _concatenate(values, output_fmt):
     if output_fmt == "list":
         return [row for value in values for row in value]
-    import numpy as np
     return np.concatenate(values, axis=0)

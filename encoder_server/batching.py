@@ -100,6 +100,13 @@ class BatchPlanner:
         return Pass(rows, ids, attention, special)
 
 
+def drain(planner, embed):
+    """Run every buffered row through `embed`, pass by pass (warm-up and in-process use)."""
+    while planner:
+        batch = planner.next_pass()
+        batch.scatter(embed(batch))
+
+
 def _length(row):
     job, index = row
     return len(job.ids[index])

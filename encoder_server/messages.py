@@ -7,34 +7,36 @@
     sink       -> ventilator  [DONE, job_id]
 """
 import json
+from dataclasses import fields
 
 import numpy as np
 
 from .assembly import Registration
+from .scheduling import Job
+
+_JOB_FIELDS = [field.name for field in fields(Job) if field.name != "client"]
 
 READY, JOB, REGISTER, PUBLISH, PART, DONE = b"READY", b"JOB", b"REGISTER", b"PUBLISH", b"PART", b"DONE"
 
 
 def job_frames(job):
-    fields = {"job_id": job.job_id, "seq": job.seq, "offset": job.offset, "texts": job.texts,
-              "priority": job.priority, "is_tokenized": job.is_tokenized, "with_tokens": job.with_tokens}
-    return [JOB, json.dumps(fields).encode()]
+    return [JOB, json.dumps({name: getattr(job, name) for name in _JOB_FIELDS}).encode()]
 
 
 def decode_job(frames):
-    return json.loads(frames[1])
+    return Job(**json.loads(frames[1]))
 
 
 def register_frames(seq, registration):
-    fields = {"seq": seq, "req_id": registration.req_id, "rows": registration.rows,
+    header = {"seq": seq, "req_id": registration.req_id, "rows": registration.rows,
               "with_tokens": registration.with_tokens}
-    return [REGISTER, registration.identity, json.dumps(fields).encode()]
+    return [REGISTER, registration.identity, json.dumps(header).encode()]
 
 
 def decode_register(frames):
-    fields = json.loads(frames[2])
-    seq = fields.pop("seq")
-    return seq, Registration(identity=frames[1], **fields)
+    header = json.loads(frames[2])
+    seq = header.pop("seq")
+    return seq, Registration(identity=frames[1], **header)
 
 
 def part_frames(seq, job_id, offset, array, tokens=None):

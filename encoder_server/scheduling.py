@@ -16,8 +16,8 @@ class Job:
     seq: int              # the request this job belongs to
     offset: int           # index of the job's first text in the request
     texts: list
-    client: bytes
-    priority: bool
+    client: bytes = b""   # the fairness key; stays in the ventilator
+    priority: bool = False
     is_tokenized: bool = False
     with_tokens: bool = False
 

@@ -15,13 +15,12 @@ class TextTokenizer:
         self.pad_id = self._tokenizer.pad_token_id or 0
 
     def tokenize(self, job):
-        """A job as received from the ventilator (a dict), tokenized."""
-        encoded = self._tokenizer(job["texts"], is_split_into_words=job["is_tokenized"], truncation=True,
+        """A scheduling.Job, tokenized."""
+        encoded = self._tokenizer(job.texts, is_split_into_words=job.is_tokenized, truncation=True,
                                   max_length=self.truncate_at, padding=False,
                                   return_special_tokens_mask=True, return_token_type_ids=False,
                                   return_attention_mask=False)
         ids = encoded["input_ids"]
-        tokens = [self._tokenizer.convert_ids_to_tokens(row) for row in ids] if job["with_tokens"] else None
-        return TokenizedJob(job_id=job["job_id"], seq=job["seq"], offset=job["offset"],
-                            priority=job["priority"], ids=ids, special=encoded["special_tokens_mask"],
-                            tokens=tokens)
+        tokens = [self._tokenizer.convert_ids_to_tokens(row) for row in ids] if job.with_tokens else None
+        return TokenizedJob(job_id=job.job_id, seq=job.seq, offset=job.offset, priority=job.priority,
+                            ids=ids, special=encoded["special_tokens_mask"], tokens=tokens)

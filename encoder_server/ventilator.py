@@ -7,7 +7,7 @@ import time
 
 import zmq
 
-from encoder_client.protocol import ProtocolError, decode_request, encode_data, encode_error
+from encoder_client.protocol import PROTOCOL_VERSION, ProtocolError, decode_request, encode_data, encode_error
 
 from . import __version__, messages
 from .assembly import Registration
@@ -128,7 +128,8 @@ class Ventilator:
         self.publish(encode_error(identity, req_id, message))
 
     def config(self):
-        return {**self.settings.public_config(), "server_version": __version__, "protocol_version": 1}
+        return {**self.settings.public_config(), "server_version": __version__,
+                "protocol_version": PROTOCOL_VERSION}
 
     def status(self):
         workers = self.dispatcher.workers

@@ -10,8 +10,9 @@ import zmq
 
 from . import messages
 from .backends import load_encoder
-from .batching import BatchPlanner
+from .batching import BatchPlanner, drain
 from .runtime import POLL_MS, make_socket, start_child
+from .scheduling import Job
 from .tokenizer import TextTokenizer
 
 WARMUP_TEXTS = ["warm up the model", "a second, somewhat longer sentence to warm up the model"]
@@ -31,12 +32,8 @@ class Worker:
         self.warm_up()
 
     def warm_up(self):
-        job = {"job_id": 0, "seq": 0, "offset": 0, "priority": True, "texts": WARMUP_TEXTS,
-               "is_tokenized": False, "with_tokens": False}
-        self.planner.add(self.tokenizer.tokenize(job))
-        while self.planner:
-            batch = self.planner.next_pass()
-            batch.scatter(self.encoder.embed(batch))
+        self.planner.add(self.tokenizer.tokenize(Job(job_id=0, seq=0, offset=0, texts=WARMUP_TEXTS)))
+        drain(self.planner, self.encoder.embed)
 
     def prefetch(self):
         jobs = make_socket(zmq.Context.instance(), zmq.DEALER, connect=self.addresses.backend,
