@@ -45,9 +45,9 @@ def part_frames(seq, job_id, offset, array, tokens=None):
     return [PART, json.dumps(header).encode(), memoryview(np.ascontiguousarray(array)).cast("B")]
 
 
-def decode_part(frames):
-    header = json.loads(frames[1])
-    array = np.frombuffer(frames[2], dtype=header["dtype"]).reshape(header["shape"])
+def decode_part(header_frame, body_frame):
+    header = json.loads(header_frame)
+    array = np.frombuffer(body_frame, dtype=header["dtype"]).reshape(header["shape"])
     return header, array
 
 

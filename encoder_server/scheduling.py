@@ -91,7 +91,7 @@ class Dispatcher:
         worker, job = self._assigned.pop(job_id, (None, None))
         if job is None:
             return None
-        self._unload(worker, job)
+        self._load(worker, job, -1)
         self._jobs_left[job.seq] -= 1
         if self._jobs_left[job.seq] == 0:
             del self._jobs_left[job.seq]
@@ -111,7 +111,8 @@ class Dispatcher:
             if worker is None:
                 break
             job = queue_pop()
-            self._load(worker, job)
+            self._assigned[job.job_id] = (worker, job)
+            self._load(worker, job, +1)
             sent.append((worker, job))
         return sent
 
@@ -129,19 +130,14 @@ class Dispatcher:
         candidates = [(load.texts, worker) for worker, load in self._workers.items() if has_room(load)]
         return min(candidates)[1] if candidates else None
 
-    def _load(self, worker, job, sign=1):
+    def _load(self, worker, job, sign):
+        """Add (sign=+1) or remove (sign=-1) a job's weight on a worker."""
         load = self._workers[worker]
         load.texts += sign * len(job.texts)
         if job.priority:
             load.priority_texts += sign * len(job.texts)
         else:
             load.bulk_jobs += sign
-        if sign > 0:
-            self._assigned[job.job_id] = (worker, job)
-
-    def _unload(self, worker, job):
-        if worker in self._workers:
-            self._load(worker, job, sign=-1)
 
     # ----- status -----
 

@@ -41,15 +41,15 @@ class Sink:
     def on_message(self, frames):
         kind = frames[0].bytes
         if kind == messages.PART:
-            header, array = messages.decode_part([frames[0].bytes, frames[1].bytes, frames[2].buffer])
-            self.send(self.assembler.add_part(header["seq"], header["offset"], array, header["tokens"]))
+            header, array = messages.decode_part(frames[1].bytes, frames[2].buffer)
+            self.publish_result(self.assembler.add_part(header["seq"], header["offset"], array, header["tokens"]))
             self.feedback.send_multipart(messages.done_frames(header["job_id"]))
         elif kind == messages.REGISTER:
-            self.send(self.assembler.register(*messages.decode_register([frame.bytes for frame in frames])))
+            self.publish_result(self.assembler.register(*messages.decode_register([frame.bytes for frame in frames])))
         elif kind == messages.PUBLISH:
             self.deliver(frames[1].bytes, frames[1:])
 
-    def send(self, completed):
+    def publish_result(self, completed):
         if completed is not None:
             self.deliver(completed.identity, encode_result(completed.identity, completed.req_id, completed.array,
                                                            completed.tokens))

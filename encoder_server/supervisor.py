@@ -44,6 +44,8 @@ class Supervisor:
         """Run until stopped; returns the process exit code."""
         for port in (self.settings.port, self.settings.port_out):
             check_port_free(self.settings.host, port)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: self.stop_requested.set())
         run_dir = tempfile.mkdtemp(prefix="encoder-server-")
         try:
             self.start_children(Addresses(self.settings.host, self.settings.port, self.settings.port_out, run_dir))
@@ -72,8 +74,6 @@ class Supervisor:
 
     def watch(self):
         """Wait for a stop signal or a child's exit; True if a child failed."""
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: self.stop_requested.set())
         children = [self.ventilator, *self.others]
         while not self.stop_requested.is_set():
             wait([child.sentinel for child in children], timeout=WATCH_INTERVAL)
