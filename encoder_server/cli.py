@@ -108,20 +108,31 @@ def _parser():
                        help="allow clients to ask for their WordPiece tokens")
 
     compute = run.add_argument_group("compute")
-    compute.add_argument("--backend", choices=("torch",), default="torch", help="inference engine")
+    compute.add_argument("--backend", choices=("onnx", "torch"), default=None,
+                         help="inference engine (default: onnx on cpu, torch on cuda)")
     compute.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where workers run the model")
     compute.add_argument("--fp16", action="store_true", help="half precision (CUDA only)")
-    compute.add_argument("--num-worker", type=int, default=1, help="worker processes")
+    compute.add_argument("--quantize", choices=("int8",), default=None,
+                         help="dynamic int8 weights (onnx on cpu), served only if it passes the accuracy check")
+    compute.add_argument("--min-quant-cosine", type=float, default=0.99,
+                         help="refuse int8 when its mean row cosine against fp32 on a built-in sample is lower")
+    compute.add_argument("--num-worker", type=int, default=None,
+                         help="worker processes (default: one per CPU core, or 1 on cuda)")
     compute.add_argument("--threads-per-worker", type=int, default=None,
-                         help="torch threads per CPU worker (default: cores / workers, so none are oversubscribed)")
+                         help="intra-op threads per worker lane (default: cores / workers, so none are "
+                              "oversubscribed)")
 
     scheduling = run.add_argument_group("scheduling")
     scheduling.add_argument("--priority-batch-size", type=int, default=16,
                             help="requests of at most this many texts go whole to the high-priority queue")
-    scheduling.add_argument("--max-batch-size", type=int, default=256,
-                            help="larger requests are split into jobs of at most this many texts")
-    scheduling.add_argument("--max-batch-tokens", type=int, default=8192,
-                            help="cap on padded tokens (texts x longest) in one forward pass")
+    scheduling.add_argument("--max-batch-size", type=int, default=64,
+                            help="larger requests are split into jobs of at most this many texts; also the "
+                                 "row cap of one forward pass")
+    scheduling.add_argument("--max-batch-tokens", type=int, default=None,
+                            help="cap on padded tokens (texts x longest) in one forward pass "
+                                 "(default: 1024 on cpu, 16384 on cuda)")
+    scheduling.add_argument("--batch-wait-ms", type=float, default=0.0,
+                            help="how long small requests may wait for others to share their forward pass")
     scheduling.add_argument("--prefetch-size", type=int, default=2,
                             help="bulk jobs a worker receives and tokenizes ahead of the model")
     scheduling.add_argument("--graceful-timeout", type=float, default=30.0,

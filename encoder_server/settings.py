@@ -6,6 +6,9 @@ from .model_folder import UNSUPPORTED_POOLING, ConfigError, default_model_path, 
 
 STRATEGIES = ("mean", "max", "mean_max", "cls", "last", "none")
 _MASKABLE = ("mean", "max", "mean_max", "none")
+# chosen by measurement: benchmark/RESULTS.md
+DEFAULT_BACKEND = {"cpu": "onnx", "cuda": "torch"}
+DEFAULT_BATCH_TOKENS = {"cpu": 1024, "cuda": 16384}
 
 
 @dataclass(frozen=True)
@@ -32,14 +35,18 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 5555
     port_out: int = 5556
-    backend: str = "torch"
+    backend: str = "onnx"
     device: str = "cpu"
     fp16: bool = False
+    quantize: str = None      # None or "int8"
+    min_quant_cosine: float = 0.99
+    onnx_file: str = None     # set by backends.prepare_model
     num_worker: int = 1
     threads_per_worker: int = 1
     priority_batch_size: int = 16
-    max_batch_size: int = 256
-    max_batch_tokens: int = 8192
+    max_batch_size: int = 64
+    max_batch_tokens: int = 1024
+    batch_wait_ms: float = 0.0
     prefetch_size: int = 2
     show_tokens_to_client: bool = False
     graceful_timeout: float = 30.0
@@ -53,13 +60,13 @@ class Settings:
         config["pooling_layer"] = list(self.pooling.layers)
         config["mask_cls_sep"] = self.pooling.mask_cls_sep
         config["normalize"] = self.pooling.normalize
-        del config["pooling"], config["host"]
+        del config["pooling"], config["host"], config["onnx_file"]
         return config
 
 
 def resolve(model=None, pooling_strategy=None, pooling_layer=None, mask_cls_sep=False, normalize=None,
-            max_seq_len="auto", num_worker=1, threads_per_worker=None, device="cpu", fp16=False,
-            **rest):
+            max_seq_len="auto", num_worker=None, threads_per_worker=None, device="cpu", fp16=False,
+            backend=None, quantize=None, max_batch_tokens=None, **rest):
     """Settings from user choices; every choice left as None takes the model folder's default."""
     info = inspect_model_folder(model or default_model_path())
     from_st = info.st_pooling is not None
@@ -73,13 +80,20 @@ def resolve(model=None, pooling_strategy=None, pooling_layer=None, mask_cls_sep=
         normalize=info.st_normalize if normalize is None else normalize)
     _check_pooling(pooling, info.num_layers)
     seq_len = _resolve_max_seq_len(max_seq_len, info, from_st)
-    _check_device(device, fp16)
-    _check_sizes(num_worker=num_worker, threads_per_worker=threads_per_worker or 1, **rest)
+    backend = backend or DEFAULT_BACKEND[device]
+    _check_engine(device, fp16, backend, quantize)
+    if num_worker is None:
+        num_worker = _cpu_count() if device == "cpu" else 1
+    if max_batch_tokens is None:
+        max_batch_tokens = DEFAULT_BATCH_TOKENS[device]
+    _check_sizes(num_worker=num_worker, threads_per_worker=threads_per_worker or 1,
+                 max_batch_tokens=max_batch_tokens, **rest)
     return Settings(
         model=str(info.path), pooling=pooling,
         pooling_source="sentence-transformers config" if from_st else "bert-as-service defaults",
         max_seq_len=seq_len, truncate_at=seq_len or info.max_positions, num_layers=info.num_layers,
-        device=device, fp16=fp16, num_worker=num_worker,
+        device=device, fp16=fp16, backend=backend, quantize=quantize, num_worker=num_worker,
+        max_batch_tokens=max_batch_tokens,
         threads_per_worker=threads_per_worker or _default_threads(num_worker, device), **rest)
 
 
@@ -106,13 +120,19 @@ def _resolve_max_seq_len(value, info, from_st):
     return value
 
 
-def _check_device(device, fp16):
+def _check_engine(device, fp16, backend, quantize):
     if fp16 and device != "cuda":
         raise ConfigError("--fp16 needs --device cuda")
-    if device == "cuda":
+    if quantize and (backend != "onnx" or device != "cpu"):
+        raise ConfigError("--quantize int8 needs --backend onnx on --device cpu")
+    if device == "cuda" and backend == "torch":
         import torch
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA device is visible to torch")
+    if device == "cuda" and backend == "onnx":
+        import onnxruntime
+        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+            raise ConfigError("--device cuda --backend onnx needs the onnxruntime-gpu package")
 
 
 def _check_sizes(**sizes):
@@ -120,11 +140,19 @@ def _check_sizes(**sizes):
                  "max_batch_tokens", "prefetch_size"):
         if name in sizes and sizes[name] < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {sizes[name]}")
-    if sizes.get("priority_batch_size", 16) > sizes.get("max_batch_size", 256):
+    if sizes.get("priority_batch_size", 16) > sizes.get("max_batch_size", 64):
         raise ConfigError("--priority-batch-size must not exceed --max-batch-size")
+    if not 0 < sizes.get("min_quant_cosine", 0.99) <= 1:
+        raise ConfigError(f"--min-quant-cosine must be in (0, 1], got {sizes['min_quant_cosine']}")
+    if sizes.get("batch_wait_ms", 0) < 0:
+        raise ConfigError(f"--batch-wait-ms must not be negative, got {sizes['batch_wait_ms']}")
+
+
+def _cpu_count():
+    return len(os.sched_getaffinity(0))
 
 
 def _default_threads(num_worker, device):
     if device == "cuda":
         return 1
-    return max(1, len(os.sched_getaffinity(0)) // num_worker)
+    return max(1, _cpu_count() // num_worker)

@@ -13,6 +13,7 @@ import tempfile
 import threading
 from multiprocessing.connection import wait
 
+from .backends import prepare_model
 from .model_folder import ConfigError
 from .runtime import Addresses
 from .sink import run_sink
@@ -44,6 +45,7 @@ class Supervisor:
         """Run until stopped; returns the process exit code."""
         for port in (self.settings.port, self.settings.port_out):
             check_port_free(self.settings.host, port)
+        self.settings = prepare_model(self.settings)
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: self.stop_requested.set())
         run_dir = tempfile.mkdtemp(prefix="encoder-server-")

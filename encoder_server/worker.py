@@ -1,7 +1,8 @@
-"""A worker: a prefetch thread receives and tokenizes jobs while the main thread runs the model.
+"""A worker: a prefetch thread receives and tokenizes jobs while two lanes run the model.
 
-Sockets: `jobs` (DEALER to the ventilator, used by the prefetch thread only) and `results`
-(PUSH to the sink, used by the compute loop only).
+The priority lane runs small requests, the bulk lane split ones, each on its own thread, so a
+small request never waits for a bulk pass to finish. Sockets: `jobs` (DEALER to the ventilator,
+prefetch thread only) and one `results` PUSH to the sink per lane.
 """
 import os
 import threading
@@ -10,7 +11,7 @@ import zmq
 
 from . import messages
 from .backends import load_encoder
-from .batching import BatchPlanner, drain
+from .batching import BULK, PRIORITY, BatchPlanner, drain
 from .runtime import POLL_MS, make_socket, start_child
 from .scheduling import Job
 from .tokenizer import TextTokenizer
@@ -27,6 +28,7 @@ class Worker:
         self.tokenizer = TextTokenizer(settings.model, settings.truncate_at)
         self.encoder = load_encoder(settings)
         self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.tokenizer.pad_id)
+        self.batch_wait_s = settings.batch_wait_ms / 1000
         self.buffered = threading.Condition()
         self.failed = False
         self.warm_up()
@@ -45,7 +47,7 @@ class Worker:
                     job = self.tokenizer.tokenize(messages.decode_job(jobs.recv_multipart()))
                     with self.buffered:
                         self.planner.add(job)
-                        self.buffered.notify()
+                        self.buffered.notify_all()
         except Exception:
             self.log.exception("prefetch failed; stopping this worker")
             self.failed = True
@@ -53,20 +55,31 @@ class Worker:
         finally:
             jobs.close(linger=0)
 
-    def compute(self):
+    def compute(self, lane):
         results = make_socket(zmq.Context.instance(), zmq.PUSH, connect=self.addresses.sink)
         try:
             while not self.stop.is_set():
-                with self.buffered:
-                    self.buffered.wait_for(lambda: self.planner or self.stop.is_set(), timeout=POLL_MS / 1000)
-                    batch = self.planner.next_pass()
+                batch = self._next_pass(lane)
                 if batch is not None:
                     for job in batch.scatter(self.encoder.embed(batch)):
                         results.send_multipart(
                             messages.part_frames(job.seq, job.job_id, job.offset, job.result(), job.tokens),
                             copy=False)
+        except Exception:
+            self.log.exception("%s lane failed; stopping this worker", lane)
+            self.failed = True
+            self.stop.set()
         finally:
             results.close(linger=1000)
+
+    def _next_pass(self, lane):
+        with self.buffered:
+            ready = lambda: self.planner.ready(lane, self.batch_wait_s) or self.stop.is_set()  # noqa: E731
+            # with a batch wait, wake up in time to run rows whose wait is over
+            timeout = min(POLL_MS / 1000, self.batch_wait_s or POLL_MS / 1000)
+            if not self.buffered.wait_for(ready, timeout=timeout) or self.stop.is_set():
+                return None
+            return self.planner.next_pass(lane)
 
 
 def run_worker(settings, addresses, index):
@@ -74,12 +87,16 @@ def run_worker(settings, addresses, index):
     log, stop = start_child(name, settings.verbose)
     worker = Worker(settings, addresses, f"{name}:{os.getpid()}", log, stop)
     prefetcher = threading.Thread(target=worker.prefetch, name="prefetch", daemon=True)
+    priority_lane = threading.Thread(target=worker.compute, args=(PRIORITY,), name="priority", daemon=True)
     prefetcher.start()
-    log.info("serving on %s with %d thread(s)", settings.device, settings.threads_per_worker)
+    priority_lane.start()
+    log.info("serving on %s with %s, %d thread(s) per lane", settings.device, settings.backend,
+             settings.threads_per_worker)
     try:
-        worker.compute()
+        worker.compute(BULK)
     finally:
         stop.set()
+        priority_lane.join(timeout=10)
         prefetcher.join(timeout=2)
     if worker.failed:
         raise SystemExit(1)

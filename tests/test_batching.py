@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from encoder_server.arrays import concat_parts, pad_token_axis, stack_rows
-from encoder_server.batching import BatchPlanner, TokenizedJob
+from encoder_server.batching import BULK, PRIORITY, BatchPlanner, TokenizedJob
 
 CLS, SEP = 101, 102
 
@@ -161,6 +161,76 @@ def test_bulk_jobs_run_in_arrival_order():
     planner.add(second)
     batches = all_passes(planner)
     assert [[job.job_id for job, _ in b.rows] for b in batches] == [[1, 1], [2, 2]]
+
+
+# ----- merging bulk jobs of different requests -----
+
+def test_bulk_jobs_of_similar_length_share_a_pass():
+    planner = BatchPlanner(max_batch_tokens=100, max_batch_size=64)
+    a, b = make_job([10, 10, 10], job_id=1, seq=1), make_job([9, 10, 10], job_id=2, seq=2)
+    planner.add(a)
+    planner.add(b)
+    (batch,) = all_passes(planner)
+    assert sorted(job.job_id for job, _ in batch.rows) == [1, 1, 1, 2, 2, 2]
+    assert set(batch.scatter(fake_model(batch))) == {a, b}
+
+
+def test_short_rows_of_a_later_job_are_never_padded_to_a_long_pass():
+    planner = BatchPlanner(max_batch_tokens=1000, max_batch_size=64)
+    planner.add(make_job([40], job_id=1))
+    planner.add(make_job([4] * 5 + [35], job_id=2))
+    first, second = all_passes(planner)
+    assert [(job.job_id, len(job.ids[row])) for job, row in first.rows] == [(2, 35), (1, 40)]
+    assert row_lengths(second) == [4] * 5
+
+
+def test_top_up_takes_the_longest_rows_that_fit_and_respects_the_budget():
+    planner = BatchPlanner(max_batch_tokens=40, max_batch_size=64)
+    planner.add(make_job([10], job_id=1))
+    planner.add(make_job([8, 9, 9, 10, 10, 30], job_id=2))
+    first = all_passes(planner)[0]
+    assert row_lengths(first) == [9, 10, 10, 10]     # 4 x 10 tokens: the budget, longest fitting rows first
+    assert first.input_ids.shape == (4, 10)
+
+
+def test_oldest_bulk_job_anchors_every_pass():
+    planner = BatchPlanner(max_batch_tokens=30, max_batch_size=64)
+    old = make_job([10] * 6, job_id=1)
+    planner.add(old)
+    planner.add(make_job([10] * 6, job_id=2))
+    batches = all_passes(planner)
+    assert all(any(job is old for job, _ in batch.rows) for batch in batches[:2])
+
+
+# ----- lanes -----
+
+def test_lanes_keep_priority_and_bulk_rows_apart():
+    planner = BatchPlanner(max_batch_tokens=1000, max_batch_size=64)
+    planner.add(make_job([5, 5], job_id=1))
+    planner.add(make_job([5], priority=True, job_id=2))
+    bulk = planner.next_pass(BULK)
+    assert [job.job_id for job, _ in bulk.rows] == [1, 1]
+    assert planner.next_pass(BULK) is None
+    assert [job.job_id for job, _ in planner.next_pass(PRIORITY).rows] == [2]
+    assert planner.next_pass(PRIORITY) is None
+
+
+def test_priority_rows_wait_for_company_at_most_the_batch_wait():
+    planner = BatchPlanner(max_batch_tokens=1000, max_batch_size=4)
+    job = make_job([5], priority=True, job_id=1)
+    planner.add(job)
+    assert planner.ready(PRIORITY, wait_s=0)
+    assert not planner.ready(PRIORITY, wait_s=0.01, now=job.arrived + 0.005)
+    assert planner.ready(PRIORITY, wait_s=0.01, now=job.arrived + 0.011)
+    planner.add(make_job([5, 5, 5], priority=True, job_id=2))     # now a full pass: no more waiting
+    assert planner.ready(PRIORITY, wait_s=10, now=job.arrived)
+
+
+def test_bulk_lane_never_waits_and_empty_lanes_are_not_ready():
+    planner = BatchPlanner(max_batch_tokens=1000, max_batch_size=64)
+    assert not planner.ready(PRIORITY) and not planner.ready(BULK)
+    planner.add(make_job([5], job_id=1))
+    assert planner.ready(BULK, wait_s=10) and not planner.ready(PRIORITY)
 
 
 # ----- scatter / result -----

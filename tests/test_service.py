@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import random_texts, reference_embeddings
+from conftest import random_texts, reference_embeddings, running_server
 from encoder_client import ConcurrentEncoderClient, EncoderClient, ServerError
 
 pytestmark = pytest.mark.timeout(300)
@@ -207,3 +207,30 @@ def test_show_tokens_error_reply_is_a_server_error(tmp_path, tiny_model):
     # [CLS], [SEP] and padding are zero; real tokens are not
     assert np.all(tokens[0, 0] == 0) and np.all(tokens[0, 4:] == 0) and np.all(tokens[0, 1:4] != 0)
     assert np.all(tokens[1, 2:] == 0) and np.all(tokens[2, 15] == 0) and np.all(tokens[2, 1:15] != 0)
+
+
+@pytest.mark.parametrize("backend", ["onnx", "torch"])
+def test_passes_shared_across_clients_return_every_row_to_its_request(tmp_path, tiny_model, backend):
+    """One worker, a batch wait and small jobs: passes mix rows of many clients' requests."""
+    corpora = [random_texts(n, seed=100 + i) for i, n in enumerate((1, 2, 3, 4, 9, 17, 30, 1, 2, 40, 3, 1))]
+    results, errors = {}, []
+
+    def run(index, texts):
+        try:
+            with server.client() as client:
+                for _ in range(3):
+                    results[index] = client.encode(texts)
+        except Exception as error:  # surfaced below
+            errors.append(error)
+
+    with running_server(tiny_model, "--backend", backend, "--num-worker", "1", "--batch-wait-ms", "20",
+                        "--priority-batch-size", "4", "--max-batch-size", "8", "--max-batch-tokens", "400",
+                        tmp_path=tmp_path) as server:
+        threads = [threading.Thread(target=run, args=item) for item in enumerate(corpora)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert not errors
+    for index, texts in enumerate(corpora):
+        np.testing.assert_allclose(results[index], reference_embeddings(tiny_model, texts), atol=2e-5)

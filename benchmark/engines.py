@@ -1,0 +1,200 @@
+"""The engines under test, each started the same way it would run for a user.
+
+Servers (our service, infinity) run as separate process trees whose peak RSS is sampled. Each
+engine gives `client()`: a fresh object with `encode(texts) -> None`, one per concurrent user.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT = 300
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class RssSampler:
+    """Peak resident memory of a process and its children, sampled every 0.2 s."""
+
+    def __init__(self, pid):
+        self.root = psutil.Process(pid)
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(0.2):
+            try:
+                tree = [self.root, *self.root.children(recursive=True)]
+                total = sum(process.memory_info().rss for process in tree)
+            except psutil.Error:
+                continue
+            self.peak_mb = max(self.peak_mb, total / 2**20)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        return round(self.peak_mb, 1)
+
+
+class _Server:
+    """A server process group: started in __enter__, ready-checked, stopped in __exit__."""
+    name = "server"
+
+    def __enter__(self):
+        self.log = open(self.log_path, "w")
+        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                        env=self.env, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self.ready():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"{self.name} did not start; see {self.log_path}")
+            time.sleep(0.5)
+        self.rss = RssSampler(self.process.pid)
+        return self
+
+    def __exit__(self, *_):
+        self.peak_rss_mb = self.rss.stop() if hasattr(self, "rss") else None
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.log.close()
+
+
+class Service(_Server):
+    """`encoder-server start` with the given flags."""
+
+    def __init__(self, name, flags=(), model=None, log_dir="/tmp"):
+        self.name = name
+        self.port, self.port_out = free_port(), free_port()
+        self.command = [sys.executable, "-m", "encoder_server.cli", "start", "--port", str(self.port),
+                        "--port-out", str(self.port_out), *(["--model", str(model)] if model else []), *flags]
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        self.log_path = Path(log_dir) / f"bench-{self.port}.log"
+
+    def ready(self):
+        from encoder_client import EncoderClient
+        try:
+            with EncoderClient("127.0.0.1", self.port, self.port_out, timeout=2) as probe:
+                return probe.server_status["ready"]
+        except TimeoutError:
+            return False
+
+    def client(self):
+        from encoder_client import EncoderClient
+        return _ServiceClient(EncoderClient("127.0.0.1", self.port, self.port_out, timeout=900))
+
+
+class _ServiceClient:
+    def __init__(self, client):
+        self._client = client
+
+    def encode(self, texts):
+        self._client.encode(texts)
+
+    def close(self):
+        self._client.close()
+
+
+class Infinity(_Server):
+    """infinity-emb's own server (`infinity_emb v2 --engine torch --device cpu`), driven over HTTP."""
+
+    def __init__(self, executable, model, log_dir="/tmp"):
+        self.name = "infinity (torch, fp32)"
+        self.port = free_port()
+        self.command = [str(executable), "v2", "--model-id", str(model), "--served-model-name", "bench",
+                        "--engine", "torch", "--device", "cpu", "--port", str(self.port), "--log-level", "warning"]
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+                    "DO_NOT_TRACK": "1"}
+        self.log_path = Path(log_dir) / f"bench-infinity-{self.port}.log"
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def ready(self):
+        import requests
+        try:
+            return requests.get(f"{self.url}/health", timeout=2).ok
+        except requests.RequestException:
+            return False
+
+    def client(self):
+        return _InfinityClient(f"{self.url}/embeddings")
+
+
+class _InfinityClient:
+    def __init__(self, url):
+        import requests
+        self.url, self.session = url, requests.Session()
+
+    def encode(self, texts):
+        reply = self.session.post(self.url, json={"model": "bench", "input": texts}, timeout=900)
+        reply.raise_for_status()
+        if len(reply.json()["data"]) != len(texts):
+            raise RuntimeError("infinity returned the wrong number of embeddings")
+
+    def close(self):
+        self.session.close()
+
+
+class InProcess:
+    """An engine called directly in this process, with no service around it."""
+
+    def __init__(self, name, encode):
+        self.name, self._encode = name, encode
+        self.peak_rss_mb = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        pass
+
+    def client(self):
+        return self
+
+    def encode(self, texts):
+        self._encode(texts)
+
+    def close(self):
+        pass
+
+
+def sentence_transformers(model, threads):
+    import torch
+    from sentence_transformers import SentenceTransformer
+    torch.set_num_threads(threads)
+    encoder = SentenceTransformer(str(model), device="cpu")
+    return InProcess("sentence-transformers", lambda texts: encoder.encode(texts, batch_size=32))
+
+
+def our_backend(settings):
+    """Our tokenizer, batch planner and backend in-process: the service minus the service."""
+    from encoder_server.backends import load_encoder, prepare_model
+    from encoder_server.batching import BatchPlanner, drain
+    from encoder_server.scheduling import Job
+    from encoder_server.tokenizer import TextTokenizer
+
+    settings = prepare_model(settings)
+    tokenizer, encoder = TextTokenizer(settings.model, settings.truncate_at), load_encoder(settings)
+
+    def encode(texts):
+        planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, tokenizer.pad_id)
+        planner.add(tokenizer.tokenize(Job(job_id=0, seq=0, offset=0, texts=texts)))
+        drain(planner, encoder.embed)
+    return InProcess(f"{settings.backend} backend in-process", encode)

@@ -1,0 +1,102 @@
+"""ONNX files built once per model, pooling and precision, kept in a user cache folder.
+
+The cache key covers the model folder's content, every setting baked into the graph and the
+versions of the tools that built it, so a changed model or upgrade never reuses a stale file.
+Concurrent starts share one build through a file lock.
+"""
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock
+
+from . import onnx_export
+
+log = logging.getLogger(__name__)
+FORMAT = 1
+CACHE_ENV = "ENCODER_SERVER_CACHE"
+
+
+def cache_root():
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    from platformdirs import user_cache_dir
+    return Path(user_cache_dir("encoder-server")) / "onnx"
+
+
+def onnx_files(settings):
+    """(fp32 file, served file) for these settings, building whatever the cache lacks."""
+    fp32 = _cached(_key(settings, precision="fp32"), lambda target: onnx_export.export(settings, target))
+    if settings.quantize == "int8":
+        return fp32, _cached(_key(settings, precision="int8"), lambda target: onnx_export.quantize(fp32, target))
+    if settings.fp16:
+        return fp32, _cached(_key(settings, precision="fp16"), lambda target: onnx_export.to_fp16(fp32, target))
+    return fp32, fp32
+
+
+def _cached(key, build):
+    folder = cache_root() / key
+    target = folder / "model.onnx"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock", timeout=600):
+        if target.exists():
+            log.info("using cached %s", target)
+            return target
+        log.info("building %s (once; later starts reuse it)", target)
+        shutil.rmtree(folder, ignore_errors=True)  # a build interrupted before it was complete
+        staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".build-"))
+        try:
+            with _scratch_folder(staging / "scratch"):
+                build(staging / "model.onnx")
+            staging.rename(folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+@contextmanager
+def _scratch_folder(path):
+    """Point temp files of the export tools (torch's compile cache and others) into `path`, then remove it."""
+    path.mkdir()
+    saved_env, saved_default = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(path), str(path)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved_default
+        if saved_env is None:
+            del os.environ["TMPDIR"]
+        else:
+            os.environ["TMPDIR"] = saved_env
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _key(settings, precision):
+    import onnxruntime
+    import torch
+    import transformers
+
+    recipe = {"format": FORMAT, "model": _folder_digest(settings.model), "precision": precision,
+              "pooling": [settings.pooling.strategy, list(settings.pooling.layers), settings.pooling.mask_cls_sep,
+                          settings.pooling.normalize, settings.num_layers],
+              "opset": onnx_export.OPSET, "torch": torch.__version__, "transformers": transformers.__version__,
+              "onnxruntime": onnxruntime.__version__}
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
+    return f"{Path(settings.model).name}-{precision}-{digest}"
+
+
+def _folder_digest(folder):
+    """Content hash of the model folder's top-level files (config, weights, tokenizer)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(folder).iterdir()):
+        if path.is_file():
+            digest.update(path.name.encode())
+            with open(path, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()
