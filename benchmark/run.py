@@ -1,0 +1,281 @@
+"""The benchmark suite: our service against sentence-transformers, infinity and our own backend
+in-process, on the same texts and model, in one run.
+
+    python -m benchmark.run                      # full suite, bundled model (about 25 minutes on 2 cores)
+    python -m benchmark.run --smoke --model DIR --out DIR   # seconds-scale check of the machinery
+
+Writes results.json and PNG plots to --out (default benchmark/results) and the RESULTS.md table
+next to them (the full run writes benchmark/RESULTS.md). Figures are medians of --repeats runs.
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from benchmark import corpus, engines, load, report  # noqa: E402
+
+
+@dataclass
+class Plan:
+    kinds: tuple = ("short", "medium", "long")
+    batches: tuple = (1, 16, 256, 4096)
+    texts: dict = field(default_factory=lambda: {"short": 512, "medium": 256, "long": 96})
+    single_requests: int = 48            # requests of one text, for the batch-1 cells
+    one_repeat_above: int = 2048         # texts per cell above which one run is all we can afford
+    concurrency: tuple = (1, 4, 16, 64)
+    concurrency_batch: int = 16
+    window_s: float = 5.0
+    repeats: int = 3
+    probe_requests: int = 200
+    flood_s: float = 15.0
+    variants: bool = True
+    sentence_transformers: bool = True
+    quantized: bool = True
+
+
+SMOKE = Plan(kinds=("short",), batches=(1, 16), texts={"short": 32}, single_requests=4, concurrency=(1, 4),
+             concurrency_batch=4, window_s=1.0, repeats=1, probe_requests=10, flood_s=2.0, variants=False,
+             sentence_transformers=False, quantized=False)
+
+
+class Suite:
+    def __init__(self, plan, model, infinity, log_dir):
+        self.plan, self.model, self.infinity, self.log_dir = plan, model, infinity, log_dir
+        self.tokens = {kind: _mean_tokens(model, corpus.texts(kind, 256)) for kind in plan.kinds}
+
+    def service(self, name, *flags):
+        return engines.Service(name, flags, model=self.model, log_dir=self.log_dir)
+
+    def served(self):
+        """The servers every sweep runs: our defaults, and int8."""
+        configs = [self.service("service (onnx fp32, defaults)")]
+        if self.plan.quantized:
+            configs.append(self.service("service (onnx int8)", "--quantize", "int8"))
+        return configs
+
+    # ----- scenarios -----
+
+    def client_batches(self):
+        """One client, the whole corpus in requests of 1..4096 texts."""
+        from encoder_server.settings import resolve
+        rows = []
+        in_process = [lambda: engines.our_backend(resolve(model=self.model, num_worker=1,
+                                                          threads_per_worker=_cores()))]
+        if self.plan.sentence_transformers:
+            in_process.insert(0, lambda: engines.sentence_transformers(self.model, _cores()))
+        for make in [*in_process, *self.served()]:
+            with (make() if callable(make) else make) as engine:
+                for kind in self.plan.kinds:
+                    for batch in self.plan.batches:
+                        count = self.plan.single_requests if batch == 1 else max(batch, self.plan.texts[kind])
+                        texts = corpus.texts(kind, count)
+                        repeats = 1 if count > self.plan.one_repeat_above and kind != "short" else self.plan.repeats
+                        runs = [load.sequential(engine, texts, batch, self.tokens[kind]) for _ in range(repeats)]
+                        rows.append({"engine": engine.name, "kind": kind, "batch": batch, "texts": count,
+                                     "repeats": repeats, **load.median_of(runs)})
+                        _progress(rows[-1])
+            _note_rss(rows, engine)
+        return rows
+
+    def concurrency(self):
+        """Closed-loop clients, each sending `concurrency_batch` medium texts per request."""
+        kind = "medium" if "medium" in self.plan.kinds else self.plan.kinds[0]
+        texts = corpus.texts(kind, 2048 if self.plan.sentence_transformers else 64)
+        rows = []
+        servers = self.served()
+        if self.infinity:
+            servers.append(engines.Infinity(self.infinity, self.model, self.log_dir))
+        for server in servers:
+            try:
+                engine = server.__enter__()
+            except RuntimeError as error:  # a peer that does not start is reported, not fatal
+                print(f"# skipped: {error}", flush=True)
+                continue
+            try:
+                for clients in self.plan.concurrency:
+                    in_flight = clients * self.plan.concurrency_batch
+                    warmup = min(10.0, 0.5 + in_flight / 100)
+                    window = max(self.plan.window_s, 1.5 * in_flight / 100)
+                    runs = [load.closed_loop(engine, texts, clients, self.plan.concurrency_batch, window,
+                                             self.tokens[kind], warmup=warmup) for _ in range(self.plan.repeats)]
+                    rows.append({"engine": engine.name, "kind": kind, "clients": clients,
+                                 "batch": self.plan.concurrency_batch, **load.median_of(runs)})
+                    _progress(rows[-1])
+            finally:
+                engine.__exit__()
+            _note_rss(rows, engine)
+        return rows
+
+    def tiny_clients(self):
+        """16 clients sending one short text per request, against one client sending 256 at a time."""
+        texts = corpus.texts("short", 1024 if self.plan.sentence_transformers else 64)
+        with self.service("service (onnx fp32, defaults)") as engine:
+            single = load.median_of([load.sequential(engine, texts, min(256, len(texts)), self.tokens["short"])
+                                     for _ in range(self.plan.repeats)])
+            many = load.median_of([load.closed_loop(engine, texts, 16, 1, self.plan.window_s, self.tokens["short"])
+                                   for _ in range(self.plan.repeats)])
+        return {"single_client_batch_256": single, "sixteen_clients_batch_1": many,
+                "ratio": round(many["sentences_per_s"] / single["sentences_per_s"], 3)}
+
+    def fairness(self):
+        """A one-text client's latency on an idle server, then while 4 clients flood 4096-text requests."""
+        probe_texts = corpus.texts("short", self.plan.probe_requests)
+        flood_kind = "medium" if "medium" in self.plan.kinds else self.plan.kinds[0]
+        flood_texts = corpus.texts(flood_kind, 4096)
+        with self.service("service (onnx fp32, defaults)", "--graceful-timeout", "1") as engine:
+            idle = _probe(engine, probe_texts, self.tokens["short"])
+            stop = threading.Event()
+            flooders = [threading.Thread(target=_flood, args=(engine, flood_texts, stop), daemon=True)
+                        for _ in range(4)]
+            for thread in flooders:
+                thread.start()
+            time.sleep(2.0)  # let the queues fill
+            loaded = _probe(engine, probe_texts, self.tokens["short"], seconds=self.plan.flood_s)
+            stop.set()
+        return {"idle": idle, "under_flood": loaded, "p99_ratio": round(loaded["p99_ms"] / idle["p99_ms"], 2)}
+
+    def variants(self):
+        """Configurations one flag away from the defaults, one client sending 256 medium texts."""
+        texts = corpus.texts("medium", 512)
+        configs = [("defaults (onnx fp32, 2 workers x 1 thread)", ()),
+                   ("1 worker x 2 threads", ("--num-worker", "1", "--threads-per-worker", "2")),
+                   ("2 workers x 2 threads (oversubscribed)", ("--num-worker", "2", "--threads-per-worker", "2")),
+                   ("torch backend, 2 workers x 1 thread", ("--backend", "torch")),
+                   ("int8", ("--quantize", "int8")),
+                   ("--max-batch-tokens 8192", ("--max-batch-tokens", "8192")),
+                   ("--max-batch-tokens 256", ("--max-batch-tokens", "256")),
+                   ("--pooling-layer -3 (layers above are pruned)", ("--pooling-layer", "-3"))]
+        rows = []
+        for name, flags in configs:
+            with self.service(name, *flags) as engine:
+                runs = [load.sequential(engine, texts, 256, self.tokens["medium"]) for _ in range(self.plan.repeats)]
+                rows.append({"engine": name, "flags": " ".join(flags), **load.median_of(runs)})
+                _progress(rows[-1])
+            rows[-1]["peak_rss_mb"] = engine.peak_rss_mb
+        return rows
+
+    def accuracy(self):
+        """Row cosine of each served configuration against sentence-transformers."""
+        import numpy as np
+        from sentence_transformers import SentenceTransformer
+
+        from encoder_client import EncoderClient
+        from encoder_server.backends.quantization_check import row_cosine
+        texts = corpus.texts("medium", 128) + corpus.texts("long", 64) + corpus.texts("short", 64)
+        reference = SentenceTransformer(str(self.model), device="cpu").encode(texts, batch_size=32)
+        rows = []
+        for name, flags in [("onnx fp32 (default)", ()), ("torch fp32", ("--backend", "torch")),
+                            ("onnx int8", ("--quantize", "int8"))]:
+            with self.service(name, *flags) as engine:
+                with EncoderClient("127.0.0.1", engine.port, engine.port_out, timeout=600) as client:
+                    cosine = row_cosine(reference, client.encode(texts))
+            rows.append({"engine": name, "min_cosine": float(np.min(cosine)), "mean_cosine": float(np.mean(cosine))})
+            _progress(rows[-1])
+        return rows
+
+
+
+def _probe(engine, texts, tokens_per_text, seconds=None):
+    """Sequential one-text requests: all of `texts`, or as many as fit in `seconds`."""
+    client = engine.client()
+    latencies, deadline = [], time.perf_counter() + (seconds or 1e9)
+    try:
+        client.encode(texts[:1])
+        for text in texts * (1 if seconds is None else 1000):
+            if time.perf_counter() > deadline:
+                break
+            sent = time.perf_counter()
+            client.encode([text])
+            latencies.append(time.perf_counter() - sent)
+    finally:
+        client.close()
+    return load.summary(len(latencies), sum(latencies), latencies, tokens_per_text)
+
+
+def _flood(engine, texts, stop):
+    client = engine.client()
+    try:
+        while not stop.is_set():
+            client.encode(texts)
+    except Exception:  # the server is stopped under the flood at the end; nothing to report
+        pass
+
+
+def _mean_tokens(model, texts):
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    return sum(len(ids) for ids in tokenizer(texts, truncation=True, max_length=256)["input_ids"]) / len(texts)
+
+
+def _note_rss(rows, engine):
+    for row in rows:
+        if row["engine"] == engine.name:
+            row["peak_rss_mb"] = engine.peak_rss_mb
+
+
+def _cores():
+    return len(os.sched_getaffinity(0))
+
+
+def _progress(row):
+    print(json.dumps(row), flush=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, no baselines that take long to load")
+    parser.add_argument("--model", default=None, help="model folder (default: the bundled all-MiniLM-L6-v2)")
+    parser.add_argument("--infinity", default=shutil.which("infinity_emb"),
+                        help="infinity_emb executable for the peer baseline (default: found on PATH)")
+    parser.add_argument("--out", default=str(HERE / "results"), help="folder for results.json and plots")
+    parser.add_argument("--only", nargs="+", default=None,
+                        choices=("client_batches", "concurrency", "tiny_clients", "fairness", "variants", "accuracy"))
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args(argv)
+
+    from encoder_server.model_folder import default_model_path
+    plan = SMOKE if args.smoke else Plan()
+    if args.repeats:
+        plan.repeats = args.repeats
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    suite = Suite(plan, Path(args.model) if args.model else default_model_path(), args.infinity, out)
+    chosen = args.only or ["client_batches", "concurrency", "tiny_clients", "fairness"] + (
+        ["variants", "accuracy"] if plan.variants else [])
+    results = {"machine": _machine(), "smoke": args.smoke, "model": suite.model.name,
+               "mean_tokens": {kind: round(tokens, 1) for kind, tokens in suite.tokens.items()},
+               "repeats": plan.repeats, "infinity": bool(args.infinity)}
+    previous = out / "results.json"
+    if args.only and previous.exists():
+        results = {**json.loads(previous.read_text()), **results}
+    for name in chosen:
+        started = time.monotonic()
+        results[name] = getattr(suite, name)()
+        print(f"# {name} took {time.monotonic() - started:.0f}s", flush=True)
+        previous.write_text(json.dumps(results, indent=2))
+    report.write(results, out, HERE / "RESULTS.md" if not args.smoke else out / "RESULTS.md")
+    for log in out.glob("bench-*.log"):
+        log.unlink()
+    return 0
+
+
+def _machine():
+    import onnxruntime
+    import torch
+    return {"cpu": platform.processor() or platform.machine(), "cores": _cores(), "gpu": None,
+            "python": platform.python_version(), "torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
+            "date": time.strftime("%Y-%m-%d")}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

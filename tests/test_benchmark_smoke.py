@@ -1,0 +1,23 @@
+"""The benchmark machinery end to end at toy sizes: it must produce its JSON, plots and table."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_benchmark_smoke_run_writes_json_plots_and_table(tiny_model, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "benchmark.run", "--smoke", "--model", str(tiny_model),
+                             "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    engines = {row["engine"] for row in results["client_batches"]}
+    assert {"service (onnx fp32, defaults)", "onnx backend in-process"} <= engines
+    assert all(row["sentences_per_s"] > 0 for row in results["client_batches"] + results["concurrency"])
+    assert results["fairness"]["idle"]["requests"] > 0 and results["tiny_clients"]["ratio"] > 0
+    for plot in ("concurrency.png", "client_batches.png"):
+        assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (tmp_path / "RESULTS.md").read_text()
+    assert "## Targets" in table and "## Concurrent closed-loop clients" in table
+    assert not list(tmp_path.glob("bench-*.log"))
