@@ -52,15 +52,18 @@ class Pass:
 
 
 PRIORITY, BULK = "priority", "bulk"
+# padding a few tokens costs less than another pass, which re-reads every weight of the model
+MIN_PADDING = 4
 
 
 class BatchPlanner:
     """Buffered rows in two lanes. The worker runs each lane on its own thread, so a priority pass
     never waits behind a bulk pass; within a lane, passes are cut from rows sorted by length.
 
-    A bulk pass starts from the oldest job's rows (first come, first served) and is topped up with
-    rows of later jobs, from any client, whose length fits the same padding: longest first, and no
-    shorter than the anchor's shortest row or three quarters of the pass's length.
+    A bulk pass is anchored at the oldest job's longest remaining row (first come, first served)
+    and filled, longest first, with rows of any buffered job, from any client, that are at most a
+    quarter (or MIN_PADDING tokens) shorter, so padding stays small. The oldest job's rows
+    are taken first among those that fit.
     """
 
     def __init__(self, max_batch_tokens=1024, max_batch_size=64, pad_id=0):
@@ -107,14 +110,11 @@ class BatchPlanner:
         return self._pad(taken)
 
     def _next_bulk_rows(self):
-        anchor = self._bulk[0]
-        taken, anchor[1] = self._cut(anchor[1])
-        longest, shortest = _length(taken[-1]), _length(taken[0])
-        floor = min(shortest, longest - longest // 4)
-        room = min(self.max_batch_size, self.max_batch_tokens // longest) - len(taken)
-        for entry in list(self._bulk)[1:]:
-            if room <= 0:
-                break
+        longest = _length(self._bulk[0][1][-1])
+        floor = longest - max(longest // 4, MIN_PADDING)
+        room = max(1, min(self.max_batch_size, self.max_batch_tokens // longest))
+        taken = []
+        for entry in self._bulk:
             rows = entry[1]
             lengths = [_length(row) for row in rows]
             top, bottom = bisect_right(lengths, longest), bisect_left(lengths, floor)
@@ -122,6 +122,8 @@ class BatchPlanner:
             taken += rows[start:top]
             entry[1] = rows[:start] + rows[top:]
             room -= top - start
+            if room <= 0:
+                break
         self._bulk = deque(entry for entry in self._bulk if entry[1])
         return _by_length(taken)
 
@@ -146,10 +148,15 @@ class BatchPlanner:
         return Pass(rows, ids, attention, special)
 
 
-def drain(planner, embed):
-    """Run every buffered row through `embed`, pass by pass (warm-up and in-process use)."""
+def passes(planner):
+    """Every buffered row, pass by pass, priority first."""
     while planner:
-        batch = planner.next_pass()
+        yield planner.next_pass()
+
+
+def drain(planner, embed):
+    """Run every buffered row through `embed` (warm-up and in-process use)."""
+    for batch in passes(planner):
         batch.scatter(embed(batch))
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from encoder_server.arrays import concat_parts, pad_token_axis, stack_rows
-from encoder_server.batching import BULK, PRIORITY, BatchPlanner, TokenizedJob
+from encoder_server.batching import BULK, MIN_PADDING, PRIORITY, BatchPlanner, TokenizedJob
 
 CLS, SEP = 101, 102
 
@@ -200,6 +200,27 @@ def test_oldest_bulk_job_anchors_every_pass():
     planner.add(make_job([10] * 6, job_id=2))
     batches = all_passes(planner)
     assert all(any(job is old for job, _ in batch.rows) for batch in batches[:2])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bulk_padding_stays_within_a_quarter_of_each_pass(seed):
+    rng = np.random.default_rng(seed)
+    planner = BatchPlanner(max_batch_tokens=512, max_batch_size=64)
+    for job_id in range(1, 5):
+        planner.add(make_job(list(rng.integers(3, 120, size=40)), job_id=job_id))
+    for batch in all_passes(planner):
+        lengths = row_lengths(batch)
+        assert lengths[0] >= lengths[-1] - max(lengths[-1] // 4, MIN_PADDING)
+
+
+def test_each_bulk_pass_starts_from_the_oldest_jobs_longest_row():
+    planner = BatchPlanner(max_batch_tokens=1000, max_batch_size=64)
+    old = make_job([5, 50, 20], job_id=1)
+    planner.add(old)
+    planner.add(make_job([60, 48, 19, 6], job_id=2))
+    passes = [[(job.job_id, len(job.ids[row])) for job, row in batch.rows] for batch in all_passes(planner)]
+    # rows at most a quarter shorter join the anchor; a longer row never does
+    assert passes == [[(2, 48), (1, 50)], [(2, 19), (1, 20)], [(1, 5)], [(2, 60)], [(2, 6)]]
 
 
 # ----- lanes -----
