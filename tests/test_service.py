@@ -117,16 +117,14 @@ def test_identity_matching_is_exact_not_prefix(tiny_server):
 
 
 def test_small_request_overtakes_a_large_one(tiny_server):
-    big = random_texts(3000, seed=5, min_words=20, max_words=40)
-    finished = []
+    big = random_texts(20000, seed=5, min_words=20, max_words=40)
     with tiny_server.client() as big_client, tiny_server.client() as small_client:
-        worker = threading.Thread(target=lambda: (big_client.encode(big), finished.append("big")))
-        worker.start()
-        time.sleep(0.5)
+        big_client.encode(big, blocking=False)
+        wait_for(lambda: small_client.server_status["queue_depth"]["bulk"] > 0)
         small_client.encode(["the cat"])
-        finished.append("small")
-        worker.join(240)
-    assert finished == ["small", "big"]
+        # the big request's jobs were still queued when the small reply came back
+        assert small_client.server_status["queue_depth"]["bulk"] > 0
+        assert big_client.fetch_all()[0].shape == (len(big), 32)
 
 
 def test_tokenized_input_and_tokens_back(tiny_server, tiny_model):
@@ -185,14 +183,23 @@ def test_waiting_forever_still_bounds_the_connect():
 
 
 def test_late_reply_after_timeout_is_discarded(tiny_server):
-    texts = random_texts(2000, seed=6, min_words=20, max_words=40)
+    texts = random_texts(20000, seed=6, min_words=20, max_words=40)
     with tiny_server.client(timeout=0.2) as client:
         with pytest.raises(TimeoutError):
             client.encode(texts)
         client.timeout = 120
-        small = client.encode(["the sun"])  # the big reply arrives meanwhile and must not be returned
+        # status replies travel behind the late result, which the client must skip
+        wait_for(lambda: client.server_status["in_flight_requests"] == 0)
+        small = client.encode(["the sun"])
         assert small.shape == (1, 32)
-        assert not client._pending
+        assert not client._pending and not client._arrived
+
+
+def wait_for(condition, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
 
 
 def test_show_tokens_error_reply_is_a_server_error(tmp_path, tiny_model):
