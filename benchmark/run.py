@@ -5,7 +5,8 @@ in-process, on the same texts and model, in one run.
     python -m benchmark.run --smoke --model DIR --out DIR   # seconds-scale check of the machinery
 
 Writes results.json and PNG plots to --out (default benchmark/results) and the RESULTS.md table
-next to them (the full run writes benchmark/RESULTS.md). Figures are medians of --repeats runs.
+generated from them: benchmark/RESULTS.md for the default --out, else next to the results.
+Figures are medians of --repeats runs.
 """
 import argparse
 import json
@@ -164,6 +165,27 @@ class Suite:
             rows[-1]["peak_rss_mb"] = engine.peak_rss_mb
         return rows
 
+    def graphs(self):
+        """Every ONNX variant considered (fusions, int8 recipes), in-process on one thread."""
+        from transformers import AutoConfig
+
+        from benchmark import graphs
+        from encoder_server.backends.model_cache import onnx_files
+        from encoder_server.batching import BatchPlanner, passes
+        from encoder_server.scheduling import Job
+        from encoder_server.settings import resolve
+        from encoder_server.tokenizer import TextTokenizer
+
+        settings = resolve(model=self.model)
+        tokenizer = TextTokenizer(settings.model, settings.truncate_at)
+        passes_by_kind = {}
+        for kind in self.plan.kinds:
+            planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, tokenizer.pad_id)
+            planner.add(tokenizer.tokenize(Job(job_id=0, seq=0, offset=0, texts=corpus.texts(kind, self.plan.texts[kind]))))
+            passes_by_kind[kind] = list(passes(planner))
+        config = AutoConfig.from_pretrained(settings.model)
+        return graphs.screen(onnx_files(settings)[0], config, passes_by_kind, self.plan.repeats)
+
     def accuracy(self):
         """Row cosine of each served configuration against sentence-transformers."""
         import numpy as np
@@ -239,7 +261,8 @@ def main(argv=None):
                         help="infinity_emb executable for the peer baseline (default: found on PATH)")
     parser.add_argument("--out", default=str(HERE / "results"), help="folder for results.json and plots")
     parser.add_argument("--only", nargs="+", default=None,
-                        choices=("client_batches", "concurrency", "tiny_clients", "fairness", "variants", "accuracy"))
+                        choices=("client_batches", "concurrency", "tiny_clients", "fairness", "variants", "graphs",
+                                 "accuracy"))
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
 
@@ -251,7 +274,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     suite = Suite(plan, Path(args.model) if args.model else default_model_path(), args.infinity, out)
     chosen = args.only or ["client_batches", "concurrency", "tiny_clients", "fairness"] + (
-        ["variants", "accuracy"] if plan.variants else [])
+        ["variants", "graphs", "accuracy"] if plan.variants else [])
     results = {"machine": _machine(), "smoke": args.smoke, "model": suite.model.name,
                "mean_tokens": {kind: round(tokens, 1) for kind, tokens in suite.tokens.items()},
                "repeats": plan.repeats, "infinity": bool(args.infinity)}
@@ -263,7 +286,8 @@ def main(argv=None):
         results[name] = getattr(suite, name)()
         print(f"# {name} took {time.monotonic() - started:.0f}s", flush=True)
         previous.write_text(json.dumps(results, indent=2))
-    report.write(results, out, HERE / "RESULTS.md" if not args.smoke else out / "RESULTS.md")
+    default_out = out.resolve() == (HERE / "results").resolve()
+    report.write(results, out, HERE / "RESULTS.md" if default_out else out / "RESULTS.md")
     for log in out.glob("bench-*.log"):
         log.unlink()
     return 0
@@ -272,9 +296,36 @@ def main(argv=None):
 def _machine():
     import onnxruntime
     import torch
-    return {"cpu": platform.processor() or platform.machine(), "cores": _cores(), "gpu": None,
+    return {"cpu": _cpu_model(), "isa": _cpu_isa(), "cores": _cores(), "gpu": None,
             "python": platform.python_version(), "torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
             "date": time.strftime("%Y-%m-%d")}
+
+
+def _cpu_flags():
+    for line in _cpuinfo():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _cpu_model():
+    for line in _cpuinfo():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _cpu_isa():
+    """The vector extensions that decide fp32 and int8 speed."""
+    return " ".join(flag for flag in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+                    if flag in _cpu_flags()) or "unknown"
+
+
+def _cpuinfo():
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ def _key(settings, precision):
     import transformers
 
     recipe = {"format": FORMAT, "model": _folder_digest(settings.model), "precision": precision,
+              "int8": onnx_export.INT8_RECIPE if precision == "int8" else None,
               "pooling": [settings.pooling.strategy, list(settings.pooling.layers), settings.pooling.mask_cls_sep,
                           settings.pooling.normalize, settings.num_layers],
               "opset": onnx_export.OPSET, "torch": torch.__version__, "transformers": transformers.__version__,

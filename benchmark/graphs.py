@@ -1,0 +1,85 @@
+"""The graph screen: every ONNX variant we considered, timed on one worker's thread and compared
+with the fp32 export, on the same passes the service would cut. It is how the served graph and
+the int8 recipe were chosen."""
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from encoder_server.backends import onnx_export
+from encoder_server.backends.quantization_check import row_cosine
+
+SIGNED_PER_CHANNEL = onnx_export.INT8_RECIPE
+
+
+def _recipe(**changes):
+    return {**SIGNED_PER_CHANNEL, **changes}
+
+
+def variants(fp32_file, model_config):
+    """(name, builder) pairs; a builder writes its graph to the given path."""
+    import onnx
+    ffn_out = [node.name for node in onnx.load(str(fp32_file)).graph.node
+               if node.op_type == "MatMul" and node.name.endswith("/output/dense/MatMul") and "attention" not in node.name]
+    return [
+        ("fp32 (served)", None),
+        ("fp32 + ORT transformer fusions", lambda f, t: _fused(f, t, model_config)),
+        ("int8 signed, per channel (served with --quantize int8)", lambda f, t: onnx_export.quantize(f, t)),
+        ("int8 signed, per tensor", lambda f, t: onnx_export.quantize(f, t, _recipe(per_channel=False))),
+        ("int8 unsigned, per channel", lambda f, t: onnx_export.quantize(f, t, _recipe(weight_type="QUInt8"))),
+        ("int8 signed, per channel, reduce_range",
+         lambda f, t: onnx_export.quantize(f, t, _recipe(reduce_range=True))),
+        ("int8 signed, per channel, FFN output MatMuls kept fp32",
+         lambda f, t: onnx_export.quantize(f, t, _recipe(exclude=tuple(ffn_out)))),
+    ]
+
+
+def _fused(source, target, config):
+    """ONNX Runtime's offline BERT fusions: Attention, SkipLayerNormalization, BiasGelu."""
+    from onnxruntime.transformers.optimizer import optimize_model
+    fused = optimize_model(str(source), model_type="bert", num_heads=config.num_attention_heads,
+                           hidden_size=config.hidden_size, opt_level=0)
+    fused.save_model_to_file(str(target))
+
+
+def screen(fp32_file, model_config, passes_by_kind, repeats):
+    """Rows of {variant, kind, sentences_per_s, min_cosine, mean_cosine}, on one thread like one worker."""
+    reference = {kind: _run(_session(fp32_file), passes) for kind, passes in passes_by_kind.items()}
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for index, (name, build) in enumerate(variants(fp32_file, model_config)):
+            path = fp32_file
+            if build is not None:
+                path = Path(folder) / f"variant-{index}.onnx"
+                build(fp32_file, path)
+            session = _session(path)
+            for kind, passes in passes_by_kind.items():
+                cosine = row_cosine(reference[kind], _run(session, passes))
+                rows.append({"variant": name, "kind": kind, "sentences_per_s": _rate(session, passes, repeats),
+                             "min_cosine": float(cosine.min()), "mean_cosine": float(cosine.mean())})
+                print(rows[-1], flush=True)
+    return rows
+
+
+def _session(path):
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _run(session, passes):
+    names = [node.name for node in session.get_inputs()]
+    return np.concatenate([session.run(None, {name: getattr(batch, name) for name in names})[0] for batch in passes])
+
+
+def _rate(session, passes, repeats):
+    rows = sum(len(batch.rows) for batch in passes)
+    rates = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        _run(session, passes)
+        rates.append(rows / (time.perf_counter() - started))
+    return round(statistics.median(rates), 1)
