@@ -124,7 +124,8 @@ def _parser():
 
     scheduling = run.add_argument_group("scheduling")
     scheduling.add_argument("--priority-batch-size", type=int, default=16,
-                            help="requests of at most this many texts go whole to the high-priority queue")
+                            help="requests of at most this many texts go to the high-priority queue, "
+                                 "spread over the idle workers")
     scheduling.add_argument("--max-batch-size", type=int, default=64,
                             help="larger requests are split into jobs of at most this many texts; also the "
                                  "row cap of one forward pass")

@@ -1,7 +1,8 @@
 """The ventilator's pure logic: split requests into jobs, queue them fairly, hand them to workers.
 
-Small requests go whole to the priority queue. Large ones become mini-jobs in a per-client
-round-robin queue, so one client's 100k texts cannot starve another's 5k. A worker holds at most
+Small requests go to the priority queue, spread over the workers that are idle. Large ones
+become mini-jobs in a per-client round-robin queue, so one client's 100k texts cannot starve
+another's 5k. A worker holds at most
 `prefetch_size` bulk jobs and at most `max_batch_size` texts of priority jobs, so a priority job
 always finds room and runs before anything the worker has buffered.
 """
@@ -22,10 +23,14 @@ class Job:
     with_tokens: bool = False
 
 
-def split_request(seq, client, texts, priority_batch_size, max_batch_size, job_ids, **flags):
-    """A request as jobs: one priority job if small, else mini-jobs of at most max_batch_size texts."""
+def split_request(seq, client, texts, priority_batch_size, max_batch_size, job_ids, priority_pieces=1, **flags):
+    """A request as jobs: a small one as up to `priority_pieces` priority jobs of near-equal size,
+    a large one as bulk mini-jobs of at most max_batch_size texts."""
     if len(texts) <= priority_batch_size:
-        return [Job(next(job_ids), seq, 0, texts, client, True, **flags)]
+        pieces = max(1, min(priority_pieces, len(texts)))
+        bounds = [len(texts) * i // pieces for i in range(pieces + 1)]
+        return [Job(next(job_ids), seq, start, texts[start:end], client, True, **flags)
+                for start, end in zip(bounds, bounds[1:])]
     return [Job(next(job_ids), seq, start, texts[start:start + max_batch_size], client, False, **flags)
             for start in range(0, len(texts), max_batch_size)]
 
@@ -80,8 +85,11 @@ class Dispatcher:
     # ----- requests -----
 
     def submit(self, seq, client, texts, **flags):
+        """Queue a request. A small one is spread over the idle workers, so that on a quiet
+        server it runs on every core rather than one."""
+        idle = sum(1 for load in self._workers.values() if load.texts == 0)
         jobs = split_request(seq, client, texts, self.priority_batch_size, self.max_batch_size,
-                             self._job_ids, **flags)
+                             self._job_ids, priority_pieces=idle, **flags)
         self._jobs_left[seq] = len(jobs)
         for job in jobs:
             (self._priority.append if job.priority else self._bulk.push)(job)

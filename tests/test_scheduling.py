@@ -39,6 +39,30 @@ def test_large_request_is_split_into_bulk_jobs_covering_every_text_once(n, size)
     assert len(covered) == n
 
 
+@pytest.mark.parametrize("n, pieces", [(1, 2), (2, 2), (5, 2), (16, 3), (7, 0)])
+def test_small_request_spread_over_pieces_covers_every_text_once(n, pieces):
+    request = texts(n)
+    jobs = split_request(4, b"A", request, priority_batch_size=16, max_batch_size=4,
+                         job_ids=itertools.count(1), priority_pieces=pieces)
+    assert len(jobs) == max(1, min(pieces, n))
+    assert all(job.priority and job.texts for job in jobs)
+    assert [text for job in jobs for text in job.texts] == request
+    assert [job.offset for job in jobs] == [sum(len(j.texts) for j in jobs[:i]) for i in range(len(jobs))]
+    assert max(len(job.texts) for job in jobs) - min(len(job.texts) for job in jobs) <= 1
+
+
+def test_small_request_runs_on_every_idle_worker():
+    d = Dispatcher(priority_batch_size=8, max_batch_size=16, prefetch_size=1)
+    for worker in (b"w1", b"w2"):
+        d.add_worker(worker)
+    d.submit(1, b"A", texts(6))
+    sent = d.assignments()
+    assert sorted(worker for worker, _ in sent) == [b"w1", b"w2"]
+    assert [len(job.texts) for _, job in sent] == [3, 3]
+    d.submit(2, b"B", texts(6))                # no idle worker left: one piece
+    assert len(d.assignments()) == 1
+
+
 def test_split_request_uses_fresh_job_ids_and_flags():
     ids = itertools.count(10)
     jobs = split_request(1, b"A", texts(9), 2, 4, ids, is_tokenized=True, with_tokens=True)
