@@ -181,7 +181,8 @@ class Suite:
         passes_by_kind = {}
         for kind in self.plan.kinds:
             planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, tokenizer.pad_id)
-            planner.add(tokenizer.tokenize(Job(job_id=0, seq=0, offset=0, texts=corpus.texts(kind, self.plan.texts[kind]))))
+            texts = corpus.texts(kind, self.plan.texts[kind])
+            planner.add(tokenizer.tokenize(Job(job_id=0, seq=0, offset=0, texts=texts)))
             passes_by_kind[kind] = list(passes(planner))
         config = AutoConfig.from_pretrained(settings.model)
         return graphs.screen(onnx_files(settings)[0], config, passes_by_kind, self.plan.repeats)
@@ -273,8 +274,8 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suite = Suite(plan, Path(args.model) if args.model else default_model_path(), args.infinity, out)
-    chosen = args.only or ["client_batches", "concurrency", "tiny_clients", "fairness"] + (
-        ["variants", "graphs", "accuracy"] if plan.variants else [])
+    chosen = args.only or ["client_batches", "concurrency", "tiny_clients", "fairness", "graphs"] + (
+        ["variants", "accuracy"] if plan.variants else [])
     results = {"machine": _machine(), "smoke": args.smoke, "model": suite.model.name,
                "mean_tokens": {kind: round(tokens, 1) for kind, tokens in suite.tokens.items()},
                "repeats": plan.repeats, "infinity": bool(args.infinity)}

@@ -16,8 +16,10 @@ def test_benchmark_smoke_run_writes_json_plots_and_table(tiny_model, tmp_path):
     assert {"service (onnx fp32, defaults)", "onnx backend in-process"} <= engines
     assert all(row["sentences_per_s"] > 0 for row in results["client_batches"] + results["concurrency"])
     assert results["fairness"]["idle"]["requests"] > 0 and results["tiny_clients"]["ratio"] > 0
+    graphs = {row["variant"]: row for row in results["graphs"]}
+    assert graphs["fp32 (served)"]["min_cosine"] > 0.99999 and len(graphs) >= 5
     for plot in ("concurrency.png", "client_batches.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (tmp_path / "RESULTS.md").read_text()
-    assert "## Targets" in table and "## Concurrent closed-loop clients" in table
+    assert "## Targets" in table and "## Concurrent closed-loop clients" in table and "## ONNX graphs" in table
     assert not list(tmp_path.glob("bench-*.log"))
