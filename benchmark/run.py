@@ -276,7 +276,8 @@ def main(argv=None):
     suite = Suite(plan, Path(args.model) if args.model else default_model_path(), args.infinity, out)
     chosen = args.only or ["client_batches", "concurrency", "tiny_clients", "fairness", "graphs"] + (
         ["variants", "accuracy"] if plan.variants else [])
-    results = {"machine": _machine(), "smoke": args.smoke, "model": suite.model.name,
+    results = {"machine": _machine(), "smoke": args.smoke,
+               "model": suite.model.name if args.model else "all-MiniLM-L6-v2 (bundled)",
                "mean_tokens": {kind: round(tokens, 1) for kind, tokens in suite.tokens.items()},
                "repeats": plan.repeats, "infinity": bool(args.infinity)}
     previous = out / "results.json"
