@@ -35,12 +35,20 @@ def test_long_text_is_truncated_not_rejected(tiny_server, tiny_model):
 
 def test_concurrent_clients_each_get_their_own_rows(tiny_server, tiny_model):
     corpora = [random_texts(n, seed=10 + n) for n in (1, 3, 7, 50, 90, 5)]
+    results = encode_concurrently(tiny_server, corpora)
+    for index, texts in enumerate(corpora):
+        np.testing.assert_allclose(results[index], reference_embeddings(tiny_model, texts), atol=1e-5)
+
+
+def encode_concurrently(server, corpora, rounds=1):
+    """One client thread per corpus, each encoding it `rounds` times; the last results, by index."""
     results, errors = {}, []
 
     def run(index, texts):
         try:
-            with tiny_server.client() as client:
-                results[index] = client.encode(texts)
+            with server.client() as client:
+                for _ in range(rounds):
+                    results[index] = client.encode(texts)
         except Exception as error:  # surfaced below
             errors.append(error)
 
@@ -50,8 +58,7 @@ def test_concurrent_clients_each_get_their_own_rows(tiny_server, tiny_model):
     for thread in threads:
         thread.join(120)
     assert not errors
-    for index, texts in enumerate(corpora):
-        np.testing.assert_allclose(results[index], reference_embeddings(tiny_model, texts), atol=1e-5)
+    return results
 
 
 def test_concurrent_encoder_client_is_thread_safe(tiny_server):
@@ -220,24 +227,9 @@ def test_show_tokens_error_reply_is_a_server_error(tmp_path, tiny_model):
 def test_passes_shared_across_clients_return_every_row_to_its_request(tmp_path, tiny_model, backend):
     """One worker, a batch wait and small jobs: passes mix rows of many clients' requests."""
     corpora = [random_texts(n, seed=100 + i) for i, n in enumerate((1, 2, 3, 4, 9, 17, 30, 1, 2, 40, 3, 1))]
-    results, errors = {}, []
-
-    def run(index, texts):
-        try:
-            with server.client() as client:
-                for _ in range(3):
-                    results[index] = client.encode(texts)
-        except Exception as error:  # surfaced below
-            errors.append(error)
-
     with running_server(tiny_model, "--backend", backend, "--num-worker", "1", "--batch-wait-ms", "20",
                         "--priority-batch-size", "4", "--max-batch-size", "8", "--max-batch-tokens", "400",
                         tmp_path=tmp_path) as server:
-        threads = [threading.Thread(target=run, args=item) for item in enumerate(corpora)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
-    assert not errors
+        results = encode_concurrently(server, corpora, rounds=3)
     for index, texts in enumerate(corpora):
         np.testing.assert_allclose(results[index], reference_embeddings(tiny_model, texts), atol=2e-5)
