@@ -11,18 +11,17 @@ import numpy as np
 from encoder_server.backends import onnx_export
 from encoder_server.backends.quantization_check import row_cosine
 
-SIGNED_PER_CHANNEL = onnx_export.INT8_RECIPE
-
 
 def _recipe(**changes):
-    return {**SIGNED_PER_CHANNEL, **changes}
+    """The served int8 recipe with some settings changed."""
+    return {**onnx_export.INT8_RECIPE, **changes}
 
 
 def variants(fp32_file, model_config):
     """(name, builder) pairs; a builder writes its graph to the given path."""
     import onnx
-    ffn_out = [node.name for node in onnx.load(str(fp32_file)).graph.node
-               if node.op_type == "MatMul" and node.name.endswith("/output/dense/MatMul") and "attention" not in node.name]
+    ffn_out = [node.name for node in onnx.load(str(fp32_file)).graph.node if node.op_type == "MatMul"
+               and node.name.endswith("/output/dense/MatMul") and "attention" not in node.name]
     return [
         ("fp32 (served)", None),
         ("fp32 + ORT transformer fusions", lambda f, t: _fused(f, t, model_config)),

@@ -1,7 +1,7 @@
 """The benchmark suite: our service against sentence-transformers, infinity and our own backend
 in-process, on the same texts and model, in one run.
 
-    python -m benchmark.run                      # full suite, bundled model (about 25 minutes on 2 cores)
+    python -m benchmark.run                      # full suite, bundled model (about 36 minutes on 2 cores)
     python -m benchmark.run --smoke --model DIR --out DIR   # seconds-scale check of the machinery
 
 Writes results.json and PNG plots to --out (default benchmark/results) and the RESULTS.md table
