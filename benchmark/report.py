@@ -33,8 +33,7 @@ def _plot_concurrency(results, out):
     if not rows:
         return None
     import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for engine in dict.fromkeys(row["engine"] for row in rows):
         mine = [row for row in rows if row["engine"] == engine]
@@ -52,20 +51,14 @@ def _plot_concurrency(results, out):
     right.set_yscale("log")
     left.legend(fontsize=8)
     figure.suptitle(f"{results['model']}, {results['machine']['cores']} CPU cores: throughput and p95 latency")
-    figure.tight_layout()
-    path = out / "concurrency.png"
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(plt, figure, out / "concurrency.png")
 
 
 def _plot_batches(results, out):
     rows = results.get("client_batches")
     if not rows:
         return None
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     kinds = list(dict.fromkeys(row["kind"] for row in rows))
     figure, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 4), squeeze=False)
     for axis, kind in zip(axes[0], kinds):
@@ -79,8 +72,18 @@ def _plot_batches(results, out):
         axis.set_ylabel("sentences / s")
         axis.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
+    return _save(plt, figure, out / "client_batches.png")
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(plt, figure, path):
     figure.tight_layout()
-    path = out / "client_batches.png"
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path

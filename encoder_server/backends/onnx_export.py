@@ -33,7 +33,7 @@ def export(settings, path):
 
 # Chosen by measurement (`python -m benchmark.run --only graphs`): signed per-channel weights were
 # the fastest int8 with a mean row cosine above 0.99 (VNNI runs them natively); per-tensor scales
-# fell to a min cosine of 0.91, and unsigned weights were as accurate but ran at half the speed.
+# fell to a min row cosine of 0.89, and unsigned weights were as accurate but ran at half the speed.
 INT8_RECIPE = {"weight_type": "QInt8", "per_channel": True, "reduce_range": False, "exclude": ()}
 
 
