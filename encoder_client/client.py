@@ -11,24 +11,32 @@ from collections import deque
 
 import numpy as np
 import zmq
+import zmq.auth
+from zmq.utils.monitor import recv_monitor_message
 
-from .errors import ServerError
-from .protocol import decode_reply, encode_request
+from .errors import ConnectionLostError, ServerBusyError, ServerError
+from .protocol import BUSY, decode_reply, encode_request
 from .validation import check_texts
 
 CONNECT_TIMEOUT = 10.0
 HANDSHAKE_INTERVAL = 0.25
+RETRY_PAUSE = (0.1, 2.0)  # first and longest pause between resends
+AUTH_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 
 
 class EncoderClient:
     """Client of an encoder-server.
 
     `timeout` is in seconds for every wait on the server; None waits forever, except while
-    connecting, which gives up after `timeout` or 10 s and raises TimeoutError.
+    connecting, which gives up after `timeout` or 10 s and raises TimeoutError. The server drops
+    work still queued when the timeout has passed.
+
+    With a server started with --server-key, pass its public key file as `server_key` and this
+    client's .key_secret file as `client_key` (from `encoder-server keygen`).
     """
 
     def __init__(self, host="localhost", port=5555, port_out=5556, identity=None, timeout=None,
-                 output_fmt="ndarray"):
+                 output_fmt="ndarray", server_key=None, client_key=None):
         if output_fmt not in ("ndarray", "list"):
             raise ValueError('output_fmt must be "ndarray" or "list"')
         self.identity = _as_identity(identity)
@@ -36,12 +44,16 @@ class EncoderClient:
         self.output_fmt = output_fmt
         self.address = f"tcp://{host}:{port}"
         self._context = zmq.Context.instance()
+        self._curve = _curve_keys(server_key, client_key)
         self._sender = self._socket(zmq.PUSH, f"tcp://{host}:{port}")
         self._receiver = self._socket(zmq.SUB, f"tcp://{host}:{port_out}")
         self._receiver.setsockopt(zmq.SUBSCRIBE, self.identity)
+        self._monitor = self._receiver.get_monitor_socket(zmq.EVENT_DISCONNECTED | AUTH_FAILED)
         self._next_req_id = secrets.randbelow(2 ** 40) + 1
         self._pending = {}
         self._arrived = {}
+        self._lost = set()  # requests in flight when the connection broke
+        self._max_request_bytes = None
         self._closed = False
         try:
             self._handshake(CONNECT_TIMEOUT if timeout is None else timeout)
@@ -51,12 +63,22 @@ class EncoderClient:
 
     # ----- public API -----
 
-    def encode(self, texts, *, is_tokenized=False, show_tokens=False, blocking=True):
-        """Embed `texts`; returns an array with one row per text, or (array, tokens)."""
-        req_id = self._submit(texts, is_tokenized, show_tokens)
-        if not blocking:
-            return None
-        return self._result(*self._wait(req_id))
+    def encode(self, texts, *, is_tokenized=False, show_tokens=False, blocking=True, retries=0):
+        """Embed `texts`; returns an array with one row per text, or (array, tokens).
+
+        With `retries`, a request that timed out, lost its connection or found the server busy is
+        sent again (each try waits up to `timeout`); a late reply to an earlier try is discarded.
+        """
+        for attempt in range(retries + 1):
+            req_id = self._submit(texts, is_tokenized, show_tokens)
+            if not blocking:
+                return None
+            try:
+                return self._result(*self._wait(req_id))
+            except (TimeoutError, ConnectionLostError, ServerBusyError):
+                if attempt == retries:
+                    raise
+                time.sleep(min(RETRY_PAUSE[0] * 2 ** attempt, RETRY_PAUSE[1]))
 
     def fetch(self):
         """Yield (req_id, result) for each request sent with blocking=False, as they arrive."""
@@ -89,7 +111,7 @@ class EncoderClient:
         """Yield (req_id, embeddings) for every result published to this identity, from any sender."""
         while True:
             reply = self._receive(self._deadline(), listening=True)
-            if reply.array is not None:
+            if reply is not None and reply.array is not None:
                 yield reply.req_id, self._format(reply.array)
 
     @property
@@ -107,8 +129,9 @@ class EncoderClient:
     def close(self):
         if not self._closed:
             self._closed = True
-            self._sender.close(linger=0)
-            self._receiver.close(linger=0)
+            self._receiver.disable_monitor()
+            for sock in (self._monitor, self._sender, self._receiver):
+                sock.close(linger=0)
 
     def __enter__(self):
         return self
@@ -121,6 +144,10 @@ class EncoderClient:
     def _socket(self, kind, address):
         sock = self._context.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        if self.timeout is not None:
+            sock.setsockopt(zmq.SNDTIMEO, max(1, int(self.timeout * 1000)))
+        if self._curve:
+            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
         sock.connect(address)
         return sock
 
@@ -130,10 +157,12 @@ class EncoderClient:
         while time.monotonic() < deadline:
             req_id = self._send(b"SHOW_CONFIG", 0)
             try:
-                self._wait(req_id, min(deadline, time.monotonic() + HANDSHAKE_INTERVAL))
-                return
-            except TimeoutError:
+                config = self._wait(req_id, min(deadline, time.monotonic() + HANDSHAKE_INTERVAL))[0].data
+            except (TimeoutError, ConnectionLostError):
                 continue
+            if config.get("max_request_mb"):
+                self._max_request_bytes = config["max_request_mb"] << 20
+            return
         raise TimeoutError(f"no answer from an encoder-server at {self.address} within {timeout:g}s; "
                            "is it running, and are port and port_out right?")
 
@@ -142,15 +171,35 @@ class EncoderClient:
 
     def _submit(self, texts, is_tokenized=False, show_tokens=False):
         check_texts(texts, is_tokenized)
-        return self._send(json.dumps(texts).encode(), len(texts),
-                          {"is_tokenized": is_tokenized, "show_tokens": show_tokens})
+        payload = json.dumps(texts).encode()
+        if self._max_request_bytes and len(payload) > self._max_request_bytes:
+            raise ValueError(f"the request is {len(payload) >> 20} MB, above the server's limit of "
+                             f"{self._max_request_bytes >> 20} MB (--max-request-mb); split it")
+        options = {"is_tokenized": is_tokenized, "show_tokens": show_tokens}
+        if self.timeout is not None:
+            options["timeout_ms"] = self.timeout * 1000
+        return self._send(payload, len(texts), options)
 
     def _send(self, payload, msg_len, options=None):
         req_id = self._next_req_id
         self._next_req_id += 1
+        self._check_connection()  # a break before this request is not its concern
+        try:
+            self._sender.send_multipart(encode_request(self.identity, req_id, payload, msg_len, options))
+        except zmq.Again:
+            raise TimeoutError(f"the encoder-server at {self.address} did not take the request "
+                               f"within {self.timeout}s") from None
         self._pending[req_id] = bool(options and options.get("show_tokens"))
-        self._sender.send_multipart(encode_request(self.identity, req_id, payload, msg_len, options))
         return req_id
+
+    def _check_connection(self):
+        """Read connection events: a break marks the requests in flight as lost."""
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event & AUTH_FAILED:
+                raise PermissionError(f"the encoder-server at {self.address} refused this client's "
+                                      "CURVE key (or the server key is wrong)")
+            self._lost.update(self._pending)
 
     def _wait(self, req_id, deadline=None):
         """(reply, show_tokens) for `req_id`, or for any pending request when None.
@@ -164,22 +213,40 @@ class EncoderClient:
                 if wanted in self._arrived:
                     reply = self._arrived.pop(wanted)
                     break
+                self._raise_if_lost(req_id)
                 reply = self._receive(deadline)
-                self._arrived[reply.req_id] = reply
-        except TimeoutError:
+                if reply is not None:
+                    self._arrived[reply.req_id] = reply
+        except (TimeoutError, ConnectionLostError):
             self._pending.pop(req_id, None)
             raise
         show_tokens = self._pending.pop(reply.req_id, False)
+        self._lost.discard(reply.req_id)
         if reply.error is not None:
-            raise ServerError(reply.error, reply.req_id)
+            raise (ServerBusyError if reply.code == BUSY else ServerError)(reply.error, reply.req_id)
         return reply, show_tokens
 
+    def _raise_if_lost(self, req_id):
+        lost = self._lost & ({req_id} if req_id is not None else set(self._pending))
+        if lost:
+            self._lost -= lost
+            self._pending.pop(min(lost), None)
+            raise ConnectionLostError(f"the connection to the encoder-server at {self.address} broke while "
+                                      f"request {min(lost)} was in flight; its reply may never come")
+
     def _receive(self, deadline, listening=False):
+        poller = zmq.Poller()
+        poller.register(self._receiver, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         while True:
             wait_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self._receiver.poll(wait_ms):
+            events = dict(poller.poll(wait_ms))
+            if not events:
                 raise TimeoutError(f"no reply from the encoder-server at {self.address} "
                                    f"within {self.timeout}s")
+            if self._receiver not in events:
+                self._check_connection()
+                return None
             frames = self._receiver.recv_multipart()
             if frames[0] != self.identity:
                 continue  # SUB matches by prefix; we want our identity exactly
@@ -196,6 +263,30 @@ class EncoderClient:
 
     def _format(self, array):
         return array.tolist() if self.output_fmt == "list" else array
+
+
+def _curve_keys(server_key, client_key):
+    """(server public, client public, client secret) for CURVE, or None without a server key."""
+    if server_key is None:
+        if client_key is not None:
+            raise ValueError("client_key needs server_key, the server's public key file")
+        return None
+    server_public = zmq.auth.load_certificate(server_key)[0] if _is_file(server_key) else _as_bytes(server_key)
+    if client_key is None:
+        return (server_public, *zmq.curve_keypair())  # encryption alone, for a server that admits any key
+    client_public, client_secret = zmq.auth.load_certificate(client_key)
+    if client_secret is None:
+        raise ValueError(f"{client_key} holds no secret key; pass the client's .key_secret file")
+    return server_public, client_public, client_secret
+
+
+def _is_file(value):
+    import os
+    return isinstance(value, (str, os.PathLike)) and os.path.isfile(value)
+
+
+def _as_bytes(value):
+    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 def _as_identity(identity):

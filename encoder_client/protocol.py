@@ -6,7 +6,8 @@ It keeps bert-as-service's frames so its published client works unchanged:
   (our extension), where ``payload`` is a JSON list of texts (or of word lists) or a command;
 - result: ``[identity, header, body, req_id]`` with ``header = {"dtype", "shape", "tokens"}``
   and ``body`` the raw array bytes;
-- error: ``[identity, {"error": message}, b"", req_id]``;
+- error: ``[identity, {"error": message, "code": code}, b"", req_id]``, where ``code`` is
+  ``"busy"`` when the server is full (retry later; HTTP's 429) and absent otherwise;
 - reply to a command: ``[identity, json, req_id]``.
 """
 import json
@@ -18,6 +19,7 @@ PROTOCOL_VERSION = 1
 COMMANDS = (b"SHOW_CONFIG", b"SHOW_STATUS", b"TERMINATION")
 MAX_IDENTITY_BYTES = 256
 UNKNOWN_REQ_ID = -1
+BUSY = "busy"
 
 
 class ProtocolError(ValueError):
@@ -50,6 +52,7 @@ class Reply:
     tokens: list = None
     data: dict = None
     error: str = None
+    code: str = None
 
 
 def encode_request(identity, req_id, payload, msg_len=0, options=None):
@@ -86,8 +89,9 @@ def encode_result(identity, req_id, array, tokens=None):
             b"%d" % req_id]
 
 
-def encode_error(identity, req_id, message):
-    return [identity, json.dumps({"error": message}).encode(), b"", b"%d" % req_id]
+def encode_error(identity, req_id, message, code=None):
+    body = {"error": message, **({"code": code} if code else {})}
+    return [identity, json.dumps(body).encode(), b"", b"%d" % req_id]
 
 
 def encode_data(identity, req_id, data):
@@ -100,7 +104,7 @@ def decode_reply(frames):
     if len(frames) == 3:
         return Reply(req_id, data=header)
     if "error" in header:
-        return Reply(req_id, error=header["error"])
+        return Reply(req_id, error=header["error"], code=header.get("code"))
     array = np.frombuffer(frames[2], dtype=header["dtype"]).reshape(header["shape"])
     return Reply(req_id, array=array, tokens=header.get("tokens") or None)
 

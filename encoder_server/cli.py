@@ -1,4 +1,4 @@
-"""The `encoder-server` command: start, stop and status."""
+"""The `encoder-server` command: start, stop, status and keygen."""
 import argparse
 import json
 import socket
@@ -39,10 +39,15 @@ def start(args):
     return Supervisor(settings).serve()
 
 
-def stop(args):
+def _client(args):
     from encoder_client import EncoderClient
 
-    with EncoderClient(args.host, args.port, args.port_out, timeout=args.timeout) as client:
+    return EncoderClient(args.host, args.port, args.port_out, timeout=args.timeout, server_key=args.server_key,
+                         client_key=args.client_key)
+
+
+def stop(args):
+    with _client(args) as client:
         client.shutdown_server()
     deadline = time.monotonic() + args.timeout
     while _port_open(args.host, args.port):
@@ -55,12 +60,18 @@ def stop(args):
 
 
 def status(args):
-    from encoder_client import EncoderClient
-
-    with EncoderClient(args.host, args.port, args.port_out, timeout=args.timeout) as client:
+    with _client(args) as client:
         report = client.server_status
     print(json.dumps(report, indent=2))
     return 0 if report.get("ready") else 1
+
+
+def keygen(args):
+    from .security import keygen as write_keys
+
+    public, secret = write_keys(args.directory, args.name)
+    print(f"public key: {public}\nsecret key: {secret} (keep it private)")
+    return 0
 
 
 def _port_open(host, port):
@@ -83,7 +94,7 @@ def _max_seq_len(value):
 def _parser():
     parser = argparse.ArgumentParser(prog="encoder-server", description="Sentence embeddings over ZeroMQ.")
     parser.add_argument("--version", action="version", version=__version__)
-    commands = parser.add_subparsers(required=True, metavar="{start,stop,status}")
+    commands = parser.add_subparsers(required=True, metavar="{start,stop,status,keygen}")
 
     run = commands.add_parser("start", help="start a server in the foreground",
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -138,11 +149,21 @@ def _parser():
                             help="bulk jobs a worker receives and tokenizes ahead of the model")
     scheduling.add_argument("--graceful-timeout", type=float, default=30.0,
                             help="seconds that in-flight requests get to finish on stop")
+    scheduling.add_argument("--max-pending-texts", type=int, default=100_000,
+                            help="texts of unfinished requests the server holds; a request past it gets "
+                                 "an immediate 'server busy' error")
+    scheduling.add_argument("--max-request-mb", type=int, default=128,
+                            help="the largest request message accepted; a larger one drops its connection")
 
     network = run.add_argument_group("network")
     network.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 opens the ports to all")
     network.add_argument("--port", type=int, default=5555, help="port for requests")
     network.add_argument("--port-out", type=int, default=5556, help="port for results")
+    network.add_argument("--server-key", default=None,
+                         help="the server's .key_secret file (from `encoder-server keygen`): CURVE-encrypt "
+                              "both ports")
+    network.add_argument("--authorized-clients", default=None,
+                         help="folder of client .key files; with it, only those clients may connect")
     run.add_argument("--verbose", action="store_true", help="debug logging")
 
     for name, handler, summary, timeout in (("stop", stop, "stop a running server gracefully", 30.0),
@@ -153,6 +174,14 @@ def _parser():
         command.add_argument("--port", type=int, default=5555, help="server's request port")
         command.add_argument("--port-out", type=int, default=5556, help="server's result port")
         command.add_argument("--timeout", type=float, default=timeout, help="seconds to wait for the server")
+        command.add_argument("--server-key", default=None, help="the server's public .key file, when it uses CURVE")
+        command.add_argument("--client-key", default=None, help="this client's .key_secret file, when it uses CURVE")
+
+    keys = commands.add_parser("keygen", help="write a CURVE key pair (NAME.key and NAME.key_secret)",
+                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    keys.set_defaults(run=keygen)
+    keys.add_argument("directory", help="folder to write the keys to")
+    keys.add_argument("--name", default="server", help="file name of the pair")
     return parser
 
 

@@ -16,10 +16,14 @@ class EncodeRequest:
     texts: list
     is_tokenized: bool
     with_tokens: bool
+    timeout_s: float = None  # how long the client waits; work still queued after that is dropped
 
 
-def parse_encode(request, show_tokens_allowed):
+def parse_encode(request, show_tokens_allowed, max_texts=None):
     texts = decode_texts(request)
+    if max_texts is not None and isinstance(texts, list) and len(texts) > max_texts:
+        raise ProtocolError(f"{len(texts)} texts in one request is above the server's limit of {max_texts} "
+                            "(--max-pending-texts); split the request", request.identity, request.req_id)
     is_tokenized = request.options.get("is_tokenized", looks_tokenized(texts))
     try:
         check_texts(texts, is_tokenized)
@@ -29,7 +33,17 @@ def parse_encode(request, show_tokens_allowed):
         raise ProtocolError(f"msg_len is {request.msg_len} but the payload holds {len(texts)} texts",
                             request.identity, request.req_id)
     return EncodeRequest(request.identity, request.req_id, texts, bool(is_tokenized),
-                         _with_tokens(request, show_tokens_allowed))
+                         _with_tokens(request, show_tokens_allowed), _timeout(request))
+
+
+def _timeout(request):
+    value = request.options.get("timeout_ms")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ProtocolError(f"timeout_ms must be a positive number, got {value!r}", request.identity,
+                            request.req_id)
+    return value / 1000
 
 
 def _with_tokens(request, allowed):

@@ -1,10 +1,11 @@
 """Frames exchanged between the server's own processes (never seen by clients).
 
-    worker     -> ventilator  [READY]
+    worker     -> ventilator  [READY, json]  |  [HEARTBEAT]  |  [DROPPED, job_id] (deadline passed)
     ventilator -> worker      [JOB, json]
     ventilator -> sink        [REGISTER, identity, json]  |  [PUBLISH, *public frames]
+                              |  [FORGET, seq, error message or b""] (request cancelled)
     worker     -> sink        [PART, json, raw array bytes]
-    sink       -> ventilator  [DONE, job_id]
+    sink       -> ventilator  [DONE, job_id]  |  [GONE, seq] (nobody listens for the request any more)
 """
 import json
 from dataclasses import fields
@@ -14,9 +15,10 @@ import numpy as np
 from .assembly import Registration
 from .scheduling import Job
 
-_JOB_FIELDS = [field.name for field in fields(Job) if field.name != "client"]
+_JOB_FIELDS = [field.name for field in fields(Job) if field.name not in ("client", "attempts")]
 
-READY, JOB, REGISTER, PUBLISH, PART, DONE = b"READY", b"JOB", b"REGISTER", b"PUBLISH", b"PART", b"DONE"
+READY, HEARTBEAT, DROPPED, JOB = b"READY", b"HEARTBEAT", b"DROPPED", b"JOB"
+REGISTER, PUBLISH, FORGET, PART, DONE, GONE = b"REGISTER", b"PUBLISH", b"FORGET", b"PART", b"DONE", b"GONE"
 
 
 def job_frames(job):
@@ -51,7 +53,18 @@ def decode_part(header_frame, body_frame):
     return header, array
 
 
-def done_frames(job_id):
-    return [DONE, b"%d" % job_id]
+def ready_frames(pid, host):
+    return [READY, json.dumps({"pid": pid, "host": host}).encode()]
 
 
+def decode_ready(frames):
+    return json.loads(frames[1]) if len(frames) > 1 else {}
+
+
+def number_frames(kind, number):
+    """[kind, number]: DONE and DROPPED carry a job id, FORGET and GONE a request's seq."""
+    return [kind, b"%d" % number]
+
+
+def forget_frames(seq, error=None):
+    return [FORGET, b"%d" % seq, (error or "").encode()]

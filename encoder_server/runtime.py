@@ -1,5 +1,7 @@
 """What every server process does first: logging, signals, addresses."""
+import ctypes
 import logging
+import multiprocessing
 import os
 import signal
 import threading
@@ -8,6 +10,10 @@ from dataclasses import dataclass
 import zmq
 
 POLL_MS = 100
+HEARTBEAT_INTERVAL = 1.0
+HEARTBEAT_LIVENESS = 5   # intervals without a word from a worker before it counts as dead
+# messages queued per socket peer; the dispatcher keeps far fewer jobs per worker than this
+INTERNAL_HWM = 10000
 
 
 @dataclass(frozen=True)
@@ -56,16 +62,35 @@ def start_child(name, verbose):
     stop = threading.Event()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    _stop_with_parent(stop)
     return configure_logging(name, verbose), stop
 
 
-def make_socket(context, kind, bind=None, connect=None, identity=None):
-    """A socket for traffic inside the server. Queues are unbounded for now (no high-water mark)."""
+def _stop_with_parent(stop):
+    """Have Linux send us SIGTERM when the supervisor dies, even by kill -9, so no child is orphaned."""
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return  # not Linux: the supervisor's orderly stop still applies
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        stop.set()  # it died before we asked
+
+
+def make_socket(context, kind, bind=None, connect=None, identity=None, hwm=INTERNAL_HWM, curve=None, options=None):
+    """A socket whose queues are bounded by `hwm` messages per peer; `curve` is the server's
+    (public, secret) key pair when clients must use CURVE; `options` are more socket options."""
     sock = context.socket(kind)
+    for option, value in (options or {}).items():
+        sock.setsockopt(option, value)
     if identity:
         sock.setsockopt(zmq.ROUTING_ID, identity)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    if curve:
+        sock.curve_publickey, sock.curve_secretkey = curve
+        sock.curve_server = True
     if bind:
         sock.bind(bind)
     else:

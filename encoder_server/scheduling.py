@@ -5,10 +5,17 @@ become mini-jobs in a per-client round-robin queue, so one client's 100k texts c
 another's 5k. A worker holds at most
 `prefetch_size` bulk jobs and at most `max_batch_size` texts of priority jobs, so a priority job
 always finds room and runs before anything the worker has buffered.
+
+When a worker dies, its unfinished jobs go back to the front of their queue as suspects. A
+suspect runs alone on an idle worker, so a second death pins it down: its request is failed
+(poisoned input) rather than crashing workers forever.
 """
+import heapq
 import itertools
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+
+MAX_ATTEMPTS = 2  # a job whose worker died this many times fails its request
 
 
 @dataclass
@@ -21,6 +28,8 @@ class Job:
     priority: bool = False
     is_tokenized: bool = False
     with_tokens: bool = False
+    deadline: float = None  # wall-clock time after which nobody waits for the result
+    attempts: int = 0       # workers that died holding this job (stays in the ventilator)
 
 
 def split_request(seq, client, texts, priority_batch_size, max_batch_size, job_ids, priority_pieces=1, **flags):
@@ -42,9 +51,30 @@ class FairQueue:
         self._by_client = OrderedDict()
         self._size = 0
 
-    def push(self, job):
-        self._by_client.setdefault(job.client, deque()).append(job)
+    def push(self, job, front=False):
+        jobs = self._by_client.setdefault(job.client, deque())
+        if front:
+            jobs.appendleft(job)
+            self._by_client.move_to_end(job.client, last=False)
+        else:
+            jobs.append(job)
         self._size += 1
+
+    def peek(self):
+        return next(iter(self._by_client.values()))[0]
+
+    def remove(self, client, seq):
+        """Take out every queued job of request `seq`; returns them."""
+        jobs = self._by_client.get(client, ())
+        removed = [job for job in jobs if job.seq == seq]
+        if removed:
+            kept = deque(job for job in jobs if job.seq != seq)
+            if kept:
+                self._by_client[client] = kept
+            else:
+                del self._by_client[client]
+            self._size -= len(removed)
+        return removed
 
     def pop(self):
         client, jobs = next(iter(self._by_client.items()))
@@ -68,6 +98,14 @@ class _WorkerLoad:
     bulk_jobs: int = 0
     priority_texts: int = 0
     texts: int = 0
+    suspects: int = 0
+
+
+@dataclass
+class _Request:
+    client: bytes
+    texts: int
+    jobs_left: int
 
 
 class Dispatcher:
@@ -79,20 +117,26 @@ class Dispatcher:
         self._bulk = FairQueue()
         self._workers = {}
         self._assigned = {}         # job_id -> (worker, job)
-        self._jobs_left = {}        # seq -> jobs not yet done
+        self._requests = {}         # seq -> _Request, for requests in flight
+        self._deadlines = []        # heap of (deadline, seq)
         self._job_ids = itertools.count(1)
+        self.pending_texts = 0      # texts of the requests in flight
+        self.texts_encoded = 0
 
     # ----- requests -----
 
-    def submit(self, seq, client, texts, **flags):
+    def submit(self, seq, client, texts, deadline=None, **flags):
         """Queue a request. A small one is spread over the idle workers, so that on a quiet
         server it runs on every core rather than one."""
         idle = sum(1 for load in self._workers.values() if load.texts == 0)
         jobs = split_request(seq, client, texts, self.priority_batch_size, self.max_batch_size,
-                             self._job_ids, priority_pieces=idle, **flags)
-        self._jobs_left[seq] = len(jobs)
+                             self._job_ids, priority_pieces=idle, deadline=deadline, **flags)
+        self._requests[seq] = _Request(client, len(texts), len(jobs))
+        self.pending_texts += len(texts)
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, seq))
         for job in jobs:
-            (self._priority.append if job.priority else self._bulk.push)(job)
+            self._enqueue(job)
 
     def job_done(self, job_id):
         """Record a finished job; returns its request's seq when that request is now complete."""
@@ -100,16 +144,80 @@ class Dispatcher:
         if job is None:
             return None
         self._load(worker, job, -1)
-        self._jobs_left[job.seq] -= 1
-        if self._jobs_left[job.seq] == 0:
-            del self._jobs_left[job.seq]
-            return job.seq
-        return None
+        self.texts_encoded += len(job.texts)
+        request = self._requests.get(job.seq)
+        if request is None:
+            return None  # cancelled meanwhile
+        request.jobs_left -= 1
+        if request.jobs_left:
+            return None
+        self._forget(job.seq)
+        return job.seq
+
+    def job_dropped(self, job_id):
+        """A worker skipped a job (its deadline had passed); returns the job, or None if unknown."""
+        worker, job = self._assigned.pop(job_id, (None, None))
+        if job is not None:
+            self._load(worker, job, -1)
+        return job
+
+    def cancel(self, seq):
+        """Drop a request: its queued jobs are never sent, jobs already sent finish unnoticed.
+        Returns how many of its texts were never sent, or None when it was not in flight."""
+        request = self._requests.get(seq)
+        if request is None:
+            return None
+        self._forget(seq)
+        dropped = [job for job in self._priority if job.seq == seq] + self._bulk.remove(request.client, seq)
+        if any(job.priority for job in dropped):
+            self._priority = deque(job for job in self._priority if job.seq != seq)
+        return sum(len(job.texts) for job in dropped)
+
+    def expired(self, now):
+        """Seqs of requests in flight whose deadline is before `now`, each reported once."""
+        seqs = []
+        while self._deadlines and self._deadlines[0][0] < now:
+            seq = heapq.heappop(self._deadlines)[1]
+            if seq in self._requests:
+                seqs.append(seq)
+        if len(self._deadlines) > 2 * len(self._requests) + 64:  # finished requests' entries
+            self._deadlines = [entry for entry in self._deadlines if entry[1] in self._requests]
+            heapq.heapify(self._deadlines)
+        return seqs
+
+    def _forget(self, seq):
+        self.pending_texts -= self._requests.pop(seq).texts
+
+    def _enqueue(self, job, front=False):
+        if job.priority:
+            (self._priority.appendleft if front else self._priority.append)(job)
+        else:
+            self._bulk.push(job, front)
 
     # ----- workers -----
 
     def add_worker(self, worker):
         self._workers.setdefault(worker, _WorkerLoad())
+
+    def remove_worker(self, worker):
+        """Forget a dead worker and queue its unfinished jobs again, at the front. Returns
+        (jobs queued again, jobs that have now been on MAX_ATTEMPTS dead workers): the caller
+        fails the latter's requests."""
+        if self._workers.pop(worker, None) is None:
+            return [], []
+        lost = [job for owner, job in self._assigned.values() if owner == worker]
+        requeued, poisoned = [], []
+        for job in lost:
+            del self._assigned[job.job_id]
+            if job.seq not in self._requests:
+                continue
+            job.attempts += 1
+            if job.attempts >= MAX_ATTEMPTS:
+                poisoned.append(job)
+            else:
+                requeued.append(job)
+                self._enqueue(job, front=True)
+        return requeued, poisoned
 
     def assignments(self):
         """(worker, job) pairs that can be sent now, highest priority first."""
@@ -126,13 +234,20 @@ class Dispatcher:
 
     def _next_source(self):
         if self._priority:
-            worker = self._least_loaded(lambda load: load.priority_texts + len(self._priority[0].texts)
-                                        <= self.max_batch_size)
+            job = self._priority[0]
+            worker = self._worker_for(job, lambda load: load.priority_texts + len(job.texts) <= self.max_batch_size)
             if worker is not None:
                 return self._priority.popleft, worker
         if self._bulk:
-            return self._bulk.pop, self._least_loaded(lambda load: load.bulk_jobs < self.prefetch_size)
+            return self._bulk.pop, self._worker_for(self._bulk.peek(),
+                                                    lambda load: load.bulk_jobs < self.prefetch_size)
         return None, None
+
+    def _worker_for(self, job, has_room):
+        """A suspect job runs alone on an idle worker; other jobs avoid a worker holding one."""
+        if job.attempts:
+            return self._least_loaded(lambda load: load.texts == 0)
+        return self._least_loaded(lambda load: not load.suspects and has_room(load))
 
     def _least_loaded(self, has_room):
         candidates = [(load.texts, worker) for worker, load in self._workers.items() if has_room(load)]
@@ -142,6 +257,7 @@ class Dispatcher:
         """Add (sign=+1) or remove (sign=-1) a job's weight on a worker."""
         load = self._workers[worker]
         load.texts += sign * len(job.texts)
+        load.suspects += sign * bool(job.attempts)
         if job.priority:
             load.priority_texts += sign * len(job.texts)
         else:
@@ -151,7 +267,7 @@ class Dispatcher:
 
     @property
     def in_flight_requests(self):
-        return len(self._jobs_left)
+        return len(self._requests)
 
     @property
     def workers(self):

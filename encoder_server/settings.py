@@ -50,6 +50,10 @@ class Settings:
     prefetch_size: int = 2
     show_tokens_to_client: bool = False
     graceful_timeout: float = 30.0
+    max_pending_texts: int = 100_000  # texts of admitted, unfinished requests; past it: "busy"
+    max_request_mb: int = 128         # the largest message the request port accepts
+    server_key: str = None            # the server's .key_secret file: CURVE on the public ports
+    authorized_clients: str = None    # folder of client .key files allowed in; None admits any key
     verbose: bool = False
 
     def public_config(self):
@@ -60,7 +64,9 @@ class Settings:
         config["pooling_layer"] = list(self.pooling.layers)
         config["mask_cls_sep"] = self.pooling.mask_cls_sep
         config["normalize"] = self.pooling.normalize
-        del config["pooling"], config["host"], config["onnx_file"]
+        config["curve"] = self.server_key is not None
+        config["clients_authenticated"] = self.authorized_clients is not None
+        del config["pooling"], config["host"], config["onnx_file"], config["server_key"], config["authorized_clients"]
         return config
 
 
@@ -88,6 +94,7 @@ def resolve(model=None, pooling_strategy=None, pooling_layer=None, mask_cls_sep=
         max_batch_tokens = DEFAULT_BATCH_TOKENS[device]
     _check_sizes(num_worker=num_worker, threads_per_worker=threads_per_worker or 1,
                  max_batch_tokens=max_batch_tokens, **rest)
+    _check_keys(rest.get("server_key"), rest.get("authorized_clients"))
     return Settings(
         model=str(info.path), pooling=pooling,
         pooling_source="sentence-transformers config" if from_st else "bert-as-service defaults",
@@ -137,7 +144,7 @@ def _check_engine(device, fp16, backend, quantize):
 
 def _check_sizes(**sizes):
     for name in ("num_worker", "threads_per_worker", "priority_batch_size", "max_batch_size",
-                 "max_batch_tokens", "prefetch_size"):
+                 "max_batch_tokens", "prefetch_size", "max_pending_texts", "max_request_mb"):
         if name in sizes and sizes[name] < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {sizes[name]}")
     if sizes.get("priority_batch_size", 16) > sizes.get("max_batch_size", 64):
@@ -146,6 +153,19 @@ def _check_sizes(**sizes):
         raise ConfigError(f"--min-quant-cosine must be in (0, 1], got {sizes['min_quant_cosine']}")
     if sizes.get("batch_wait_ms", 0) < 0:
         raise ConfigError(f"--batch-wait-ms must not be negative, got {sizes['batch_wait_ms']}")
+
+
+def _check_keys(server_key, authorized_clients):
+    if authorized_clients and not server_key:
+        raise ConfigError("--authorized-clients needs --server-key (make one with `encoder-server keygen`)")
+    if authorized_clients and not os.path.isdir(authorized_clients):
+        raise ConfigError(f"--authorized-clients {authorized_clients}: not a folder")
+    if server_key:
+        from .security import load_key_pair
+        try:
+            load_key_pair(server_key)
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"--server-key {server_key}: {error}") from None
 
 
 def _cpu_count():

@@ -1,19 +1,35 @@
-"""Who is subscribed on the sink's XPUB socket, so a reply is not published before its reader listens.
+"""Who is subscribed on the sink's XPUB socket, and the replies that cannot be published yet.
 
 A client's SUB subscription reaches the sink some milliseconds after it connects (ZeroMQ's
 "slow joiner"); a reply published before then is lost. bert-serving-client sends SHOW_CONFIG the
 moment it connects, so the sink holds replies for identities nobody subscribes to yet, for up to
-`hold_seconds`, and publishes them once a matching subscription arrives.
+`hold_seconds`, and publishes them once a matching subscription arrives. A reply whose reader's
+queue is full is held too, for `slow_seconds`, and tried again. Held replies are capped in bytes;
+the oldest go first.
 """
 import time
 from collections import Counter, deque
+from dataclasses import dataclass
+
+
+@dataclass
+class Held:
+    deadline: float
+    identity: bytes
+    frames: list
+    size: int
+    slow: bool = False  # held because the reader's queue was full, not because nobody listened
 
 
 class Subscriptions:
-    def __init__(self, hold_seconds=5.0, max_held=10000):
+    def __init__(self, hold_seconds=5.0, slow_seconds=30.0, max_held_bytes=256 << 20):
         self.hold_seconds = hold_seconds
+        self.slow_seconds = slow_seconds
+        self.max_held_bytes = max_held_bytes
+        self.evicted = 0
         self._topics = Counter()
-        self._held = deque(maxlen=max_held)  # (deadline, identity, frames)
+        self._held = deque()
+        self._held_bytes = 0
 
     def update(self, message):
         """Apply one XPUB subscription message: b'\\x01topic' subscribes, b'\\x00topic' unsubscribes."""
@@ -30,16 +46,28 @@ class Subscriptions:
     def is_listening(self, identity):
         return any(identity.startswith(topic) for topic in self._topics)
 
-    def hold(self, identity, frames, now=None):
-        self._held.append(((now or time.monotonic()) + self.hold_seconds, identity, frames))
+    def hold(self, identity, frames, now=None, slow=False):
+        """Keep a reply for later: until its reader listens (or for slow_seconds when `slow`)."""
+        now = now or time.monotonic()
+        self.keep(Held(now + (self.slow_seconds if slow else self.hold_seconds), identity, frames,
+                       sum(len(frame) for frame in frames), slow))
+
+    def keep(self, held):
+        """Hold a reply again, keeping its deadline."""
+        self._held.append(held)
+        self._held_bytes += held.size
+        while self._held_bytes > self.max_held_bytes and len(self._held) > 1:
+            self._held_bytes -= self._held.popleft().size
+            self.evicted += 1
 
     def releasable(self, now=None):
-        """Held messages whose reader now listens, or whose wait has run out, in arrival order."""
+        """Held replies whose reader now listens, or whose wait has run out, in arrival order."""
         if not self._held:
             return []
         now = now or time.monotonic()
-        ready, waiting = [], deque(maxlen=self._held.maxlen)
-        for deadline, identity, frames in self._held:
-            (ready if now >= deadline or self.is_listening(identity) else waiting).append((deadline, identity, frames))
+        ready, waiting = [], deque()
+        for held in self._held:
+            (ready if now >= held.deadline or self.is_listening(held.identity) else waiting).append(held)
         self._held = waiting
-        return [frames for _, _, frames in ready]
+        self._held_bytes -= sum(held.size for held in ready)
+        return ready

@@ -1,16 +1,25 @@
 """Starts the ventilator, the sink and the workers, watches them, and stops them in order.
 
+A worker that exits for any reason (kill -9, an exception, the OOM killer) is started again:
+at once the first time, then after a pause that doubles while it keeps dying young. The
+ventilator learns of each exit through a pipe and re-dispatches the dead worker's jobs; it tells
+the supervisor in turn of a worker that stopped sending heartbeats, which is then killed and so
+replaced. The ventilator and the sink hold every request's state: if one of them dies, the server
+stops with a non-zero exit, never silently.
+
 Stop order: the ventilator drains first (in-flight requests finish, new ones are refused),
-then the sink and workers stop, then the ipc folder is removed. A child that dies unexpectedly
-is reported and brings the server down with a non-zero exit, never silently.
+then the sink and workers stop, then the ipc folder is removed.
 """
 import logging
 import multiprocessing
+import os
 import shutil
 import signal
 import socket
 import tempfile
 import threading
+import time
+from collections import Counter
 from multiprocessing.connection import wait
 
 from .backends import prepare_model
@@ -23,6 +32,8 @@ from .worker import run_worker
 log = logging.getLogger("supervisor")
 WATCH_INTERVAL = 0.2
 STOP_TIMEOUT = 10.0
+MAX_RESTART_PAUSE = 10.0
+STABLE_AFTER = 30.0  # a worker that lived this long starts its restart pauses afresh
 
 
 def check_port_free(host, port):
@@ -34,12 +45,24 @@ def check_port_free(host, port):
             raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror}") from None
 
 
+def restart_pause(quick_deaths):
+    """Seconds to wait before restarting a worker that died young `quick_deaths` times in a row."""
+    return 0.0 if quick_deaths <= 1 else min(0.5 * 2 ** (quick_deaths - 2), MAX_RESTART_PAUSE)
+
+
 class Supervisor:
     def __init__(self, settings):
         self.settings = settings
         self.stop_requested = threading.Event()
+        self.spawn = multiprocessing.get_context("spawn")
+        self.addresses = None
         self.ventilator = None
-        self.others = []
+        self.sink = None
+        self.events = None       # our end of the pipe to the ventilator
+        self.workers = {}        # index -> Process
+        self.started_at = {}     # index -> monotonic start time
+        self.restart_at = {}     # index -> when to start a dead worker again
+        self.quick_deaths = Counter()
 
     def serve(self):
         """Run until stopped; returns the process exit code."""
@@ -50,7 +73,8 @@ class Supervisor:
             signal.signal(signum, lambda *_: self.stop_requested.set())
         run_dir = tempfile.mkdtemp(prefix="encoder-server-")
         try:
-            self.start_children(Addresses(self.settings.host, self.settings.port, self.settings.port_out, run_dir))
+            self.addresses = Addresses(self.settings.host, self.settings.port, self.settings.port_out, run_dir)
+            self.start_children()
             log.info("listening on %s:%d (requests) and %s:%d (results)", self.settings.host, self.settings.port,
                      self.settings.host, self.settings.port_out)
             failed = self.watch()
@@ -60,43 +84,85 @@ class Supervisor:
         log.info("stopped")
         return 1 if failed else 0
 
-    def start_children(self, addresses):
-        spawn = multiprocessing.get_context("spawn")
+    def start_children(self):
+        self.events, theirs = self.spawn.Pipe()
+        self.sink = self._start(run_sink, "sink", self.settings, self.addresses)
+        for index in range(self.settings.num_worker):
+            self.start_worker(index)
+        self.ventilator = self._start(run_ventilator, "ventilator", self.settings, self.addresses, theirs)
+        theirs.close()
+
+    def start_worker(self, index):
+        self.workers[index] = self._start(run_worker, f"worker-{index}", self.settings, self.addresses, index)
+        self.started_at[index] = time.monotonic()
+
+    def _start(self, target, name, *args):
+        process = self.spawn.Process(target=target, args=args, name=name)
         # children inherit an ignored SIGINT through spawn's exec; Ctrl-C is the supervisor's alone
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            self.others.append(spawn.Process(target=run_sink, args=(self.settings, addresses), name="sink"))
-            self.others += [spawn.Process(target=run_worker, args=(self.settings, addresses, i), name=f"worker-{i}")
-                            for i in range(self.settings.num_worker)]
-            self.ventilator = spawn.Process(target=run_ventilator, args=(self.settings, addresses), name="ventilator")
-            for process in (*self.others, self.ventilator):
-                process.start()
+            process.start()
         finally:
             signal.signal(signal.SIGINT, previous)
+        return process
 
     def watch(self):
-        """Wait for a stop signal or a child's exit; True if a child failed."""
-        children = [self.ventilator, *self.others]
+        """Keep workers running until a stop signal, or until the ventilator or sink exits;
+        True if that exit was a failure."""
         while not self.stop_requested.is_set():
-            wait([child.sentinel for child in children], timeout=WATCH_INTERVAL)
-            exited = [child for child in children if child.exitcode is not None]
-            if exited == [self.ventilator] and self.ventilator.exitcode == 0:
+            wait([self.ventilator.sentinel, self.sink.sentinel, self.events,
+                  *(worker.sentinel for worker in self.workers.values())], timeout=WATCH_INTERVAL)
+            try:
+                while self.events.poll():
+                    self.kill_silent(self.events.recv()[1])
+            except EOFError:  # the ventilator has gone
+                self.ventilator.join(STOP_TIMEOUT)
+            if self.ventilator.exitcode == 0:
                 return False  # drained after a TERMINATION request
-            if exited:
-                for child in exited:
-                    log.error("%s exited unexpectedly with code %s; stopping the server", child.name, child.exitcode)
-                return True
+            for core in (self.ventilator, self.sink):
+                if core.exitcode is not None:
+                    log.error("%s exited unexpectedly with code %s; stopping the server", core.name, core.exitcode)
+                    return True
+            self.restart_workers()
         log.info("stop requested; letting in-flight requests finish")
         return False
+
+    def kill_silent(self, pid):
+        for worker in self.workers.values():
+            if worker.pid == pid and worker.exitcode is None:
+                log.error("%s (pid %d) stopped sending heartbeats; killing it", worker.name, pid)
+                os.kill(pid, signal.SIGKILL)
+
+    def restart_workers(self):
+        now = time.monotonic()
+        for index, worker in self.workers.items():
+            if worker.exitcode is None or index in self.restart_at:
+                continue
+            young = now - self.started_at[index] < STABLE_AFTER
+            self.quick_deaths[index] = self.quick_deaths[index] + 1 if young else 1
+            pause = restart_pause(self.quick_deaths[index])
+            log.error("%s (pid %d) exited with code %s; restarting it in %.1fs", worker.name, worker.pid,
+                      worker.exitcode, pause)
+            try:
+                self.events.send(("exited", worker.pid, worker.exitcode))
+            except OSError:
+                pass  # the ventilator is gone; watch() stops the server
+            self.restart_at[index] = now + pause
+        for index in [index for index, due in self.restart_at.items() if due <= now]:
+            del self.restart_at[index]
+            self.start_worker(index)
 
     def stop_children(self):
         if self.ventilator is not None:
             _stop(self.ventilator, self.settings.graceful_timeout + STOP_TIMEOUT)
-        for child in self.others:
+        others = [process for process in (self.sink, *self.workers.values()) if process is not None]
+        for child in others:
             if child.is_alive():
                 child.terminate()
-        for child in self.others:
+        for child in others:
             _stop(child, STOP_TIMEOUT)
+        if self.events is not None:
+            self.events.close()
 
 
 def _stop(process, timeout):

@@ -1,34 +1,49 @@
 """The ventilator: takes client requests, registers them with the sink, deals jobs to workers.
 
 Sockets: `frontend` (PULL, clients), `backend` (ROUTER, workers), `to_sink` (PUSH),
-`from_sink` (PULL, one DONE per finished job).
+`from_sink` (PULL: one DONE per finished job, GONE for requests nobody listens for), plus a pipe
+from the supervisor that reports worker exits.
+
+It watches workers' heartbeats: a worker silent for HEARTBEAT_LIVENESS intervals, or reported
+dead, is dropped, its jobs go to others, and a silent one is reported to the supervisor, which
+kills and replaces it. Requests past their deadline or abandoned by their client are cancelled.
 """
+import socket
 import time
+from collections import Counter
 
 import zmq
 
-from encoder_client.protocol import PROTOCOL_VERSION, ProtocolError, decode_request, encode_data, encode_error
+from encoder_client.protocol import BUSY, PROTOCOL_VERSION, ProtocolError, decode_request, encode_data, encode_error
 
 from . import __version__, messages
 from .assembly import Registration
 from .intake import is_loopback, parse_encode
-from .runtime import POLL_MS, make_socket, start_child
+from .runtime import HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS, POLL_MS, make_socket, start_child
 from .scheduling import Dispatcher
+from .security import load_key_pair, start_authenticator
 
 
 class Ventilator:
-    def __init__(self, settings, addresses, log):
+    def __init__(self, settings, addresses, log, supervisor=None):
         self.settings = settings
         self.log = log
+        self.supervisor = supervisor  # a multiprocessing Connection, or None
         self.dispatcher = Dispatcher(settings.priority_batch_size, settings.max_batch_size,
                                      settings.prefetch_size)
         self.next_seq = 1
         self.started = time.monotonic()
-        self.requests_served = 0
+        self.counters = Counter()
+        self.last_seen = {}   # worker identity -> monotonic time of its last message
+        self.local_pids = {}  # pid -> identity, for workers on this host
         self.draining = False
         context = zmq.Context.instance()
-        self.frontend = make_socket(context, zmq.PULL, bind=addresses.frontend)
-        self.backend = make_socket(context, zmq.ROUTER, bind=addresses.backend)
+        curve = load_key_pair(settings.server_key) if settings.server_key else None
+        self.authenticator = start_authenticator(context, settings.authorized_clients) if curve else None
+        self.frontend = make_socket(context, zmq.PULL, bind=addresses.frontend, curve=curve,
+                                    options={zmq.MAXMSGSIZE: settings.max_request_mb << 20})
+        self.backend = make_socket(context, zmq.ROUTER, bind=addresses.backend,
+                                   options={zmq.ROUTER_MANDATORY: 1})
         self.from_sink = make_socket(context, zmq.PULL, bind=addresses.feedback)
         self.to_sink = make_socket(context, zmq.PUSH, connect=addresses.sink)
 
@@ -36,6 +51,8 @@ class Ventilator:
         poller = zmq.Poller()
         for sock in (self.frontend, self.backend, self.from_sink):
             poller.register(sock, zmq.POLLIN)
+        if self.supervisor is not None:
+            poller.register(self.supervisor.fileno(), zmq.POLLIN)
         drain_deadline = None
         while not (self.draining and self.dispatcher.in_flight_requests == 0):
             if stop.is_set() and not self.draining:
@@ -52,14 +69,21 @@ class Ventilator:
             if self.backend in events:
                 self.on_worker(self.backend.recv_multipart())
             if self.from_sink in events:
-                self.on_done(self.from_sink.recv_multipart())
+                self.on_feedback(self.from_sink.recv_multipart())
+            if self.supervisor is not None and self.supervisor.fileno() in events:
+                self.on_supervisor(poller, stop)
+            self.check_workers()
+            for seq in self.dispatcher.expired(time.time()):
+                self.end_request(seq, "expired")
             self.dispatch()
 
     def close(self):
         for sock in (self.frontend, self.backend, self.from_sink, self.to_sink):
             sock.close(linger=1000)
+        if self.authenticator is not None:
+            self.authenticator.stop()
 
-    # ----- events -----
+    # ----- clients -----
 
     def on_client(self, frames):
         peer = _peer_address(frames[0])
@@ -71,7 +95,8 @@ class Ventilator:
             elif self.draining:
                 self.reply_error(request.identity, request.req_id, "the server is shutting down")
             else:
-                self.admit(parse_encode(request, self.settings.show_tokens_to_client))
+                self.admit(parse_encode(request, self.settings.show_tokens_to_client,
+                                        self.settings.max_pending_texts))
         except ProtocolError as error:
             self.log.warning("bad request from %s: %s", peer or "?", error)
             if error.identity is not None:
@@ -82,37 +107,117 @@ class Ventilator:
             self.publish(encode_data(request.identity, request.req_id, self.config()))
         elif request.command == b"SHOW_STATUS":
             self.publish(encode_data(request.identity, request.req_id, self.status()))
-        elif not is_loopback(peer):
+        elif not (is_loopback(peer) or self.settings.authorized_clients):
             self.log.warning("refused TERMINATION from non-loopback peer %s", peer)
-            self.reply_error(request.identity, request.req_id, "TERMINATION is accepted only from loopback")
+            self.reply_error(request.identity, request.req_id,
+                             "TERMINATION is accepted only from loopback or an authorized client key")
         else:
             self.log.info("TERMINATION received from %s", peer)
             self.publish(encode_data(request.identity, request.req_id, {"terminating": True}))
             self.start_draining()
 
     def admit(self, request):
+        pending, limit = self.dispatcher.pending_texts, self.settings.max_pending_texts
+        if pending + len(request.texts) > limit:
+            return self.refuse_busy(request, f"server busy: {pending} texts pending, the limit is {limit}; "
+                                             "retry later")
         seq = self.next_seq
-        self.next_seq += 1
         registration = Registration(request.identity, request.req_id, len(request.texts), request.with_tokens)
-        self.to_sink.send_multipart(messages.register_frames(seq, registration))
-        self.dispatcher.submit(seq, request.identity, request.texts, is_tokenized=request.is_tokenized,
-                               with_tokens=request.with_tokens)
+        try:
+            self.to_sink.send_multipart(messages.register_frames(seq, registration), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return self.refuse_busy(request, "server busy: the result queue is full; retry later")
+        self.next_seq += 1
+        deadline = time.time() + request.timeout_s if request.timeout_s else None
+        self.dispatcher.submit(seq, request.identity, request.texts, deadline=deadline,
+                               is_tokenized=request.is_tokenized, with_tokens=request.with_tokens)
         self.log.debug("request %d: %d texts from %r", seq, len(request.texts), request.identity)
+
+    def refuse_busy(self, request, message):
+        self.counters["requests_busy"] += 1
+        self.reply_error(request.identity, request.req_id, message, BUSY)
+
+    def end_request(self, seq, outcome, error=None):
+        """Stop a request early (expired, abandoned or failed): drop its queued jobs, and have the
+        sink forget it and, with `error`, tell its client why."""
+        skipped = self.dispatcher.cancel(seq)
+        if skipped is None:
+            return
+        self.counters[f"requests_{outcome}"] += 1
+        self.counters[f"texts_{outcome}"] += skipped
+        self.log.info("request %d %s: %d texts never computed", seq, outcome, skipped)
+        self.send_to_sink(messages.forget_frames(seq, error))
+
+    # ----- workers -----
 
     def on_worker(self, frames):
         worker, kind = frames[0], frames[1]
         if kind == messages.READY:
-            self.dispatcher.add_worker(worker)
-            self.log.info("%s ready (%d of %d)", worker.decode(errors="replace"),
-                          len(self.dispatcher.workers), self.settings.num_worker)
+            self.add_worker(worker, messages.decode_ready(frames[1:]))
+        elif worker not in self.last_seen:
+            return  # a worker already given up for dead
+        self.last_seen[worker] = time.monotonic()
+        if kind == messages.DROPPED:
+            job = self.dispatcher.job_dropped(int(frames[2]))
+            if job is not None:
+                self.counters["texts_expired"] += len(job.texts)
+                self.end_request(job.seq, "expired")
 
-    def on_done(self, frames):
-        if self.dispatcher.job_done(int(frames[1])) is not None:
-            self.requests_served += 1
+    def add_worker(self, worker, info):
+        self.dispatcher.add_worker(worker)
+        if info.get("host") == socket.gethostname():
+            self.local_pids[info["pid"]] = worker
+        self.log.info("%s ready (%d of %d)", worker.decode(errors="replace"), len(self.dispatcher.workers),
+                      self.settings.num_worker)
+
+    def check_workers(self):
+        silent_since = time.monotonic() - HEARTBEAT_INTERVAL * HEARTBEAT_LIVENESS
+        for worker in [worker for worker, seen in self.last_seen.items() if seen < silent_since]:
+            pid = self.lose_worker(worker, "stopped sending heartbeats")
+            if pid is not None and self.supervisor is not None:
+                self.supervisor.send(("silent", pid))
+
+    def on_supervisor(self, poller, stop):
+        try:
+            _, pid, exitcode = self.supervisor.recv()  # ("exited", pid, exit code): it restarts the worker
+        except EOFError:
+            self.log.error("the supervisor is gone; stopping")
+            poller.unregister(self.supervisor.fileno())
+            self.supervisor = None
+            stop.set()
+            return
+        self.counters["worker_restarts"] += 1
+        worker = self.local_pids.get(pid)
+        if worker is not None:
+            self.lose_worker(worker, f"exited with code {exitcode}")
+
+    def lose_worker(self, worker, why):
+        """Drop a worker; its jobs go to others, and a job on its second dead worker fails its request."""
+        self.last_seen.pop(worker, None)
+        pid = next((pid for pid, known in self.local_pids.items() if known == worker), None)
+        self.local_pids.pop(pid, None)
+        requeued, poisoned = self.dispatcher.remove_worker(worker)
+        self.counters["jobs_redispatched"] += len(requeued)
+        self.log.warning("%s %s; %d of its unfinished jobs go to other workers", worker.decode(errors="replace"),
+                         why, len(requeued))
+        for job in poisoned:
+            last = job.offset + len(job.texts) - 1
+            self.end_request(job.seq, "failed", f"texts {job.offset} to {last} of this request made a worker "
+                                                "crash twice, so the request was dropped; check those inputs")
+        return pid
+
+    def on_feedback(self, frames):
+        if frames[0] == messages.GONE:
+            self.end_request(int(frames[1]), "abandoned")
+        elif self.dispatcher.job_done(int(frames[1])) is not None:
+            self.counters["requests_served"] += 1
 
     def dispatch(self):
         for worker, job in self.dispatcher.assignments():
-            self.backend.send_multipart([worker, *messages.job_frames(job)])
+            try:
+                self.backend.send_multipart([worker, *messages.job_frames(job)], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:  # gone (EHOSTUNREACH) or full: either way, not a worker to count on
+                self.lose_worker(worker, "cannot be reached")
 
     # ----- replies -----
 
@@ -121,11 +226,18 @@ class Ventilator:
             self.draining = True
             self.log.info("draining: %d requests in flight", self.dispatcher.in_flight_requests)
 
-    def publish(self, frames):
-        self.to_sink.send_multipart([messages.PUBLISH, *frames])
+    def send_to_sink(self, frames):
+        try:
+            self.to_sink.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.counters["replies_dropped"] += 1
+            self.log.error("the sink is not keeping up; dropped a %s message", frames[0].decode())
 
-    def reply_error(self, identity, req_id, message):
-        self.publish(encode_error(identity, req_id, message))
+    def publish(self, frames):
+        self.send_to_sink([messages.PUBLISH, *frames])
+
+    def reply_error(self, identity, req_id, message, code=None):
+        self.publish(encode_error(identity, req_id, message, code))
 
     def config(self):
         return {**self.settings.public_config(), "server_version": __version__,
@@ -137,10 +249,19 @@ class Ventilator:
             "ready": len(workers) >= self.settings.num_worker and not self.draining,
             "workers_alive": len(workers),
             "workers_expected": self.settings.num_worker,
+            "workers_busy": sum(1 for texts in workers.values() if texts),
             "worker_busy_texts": workers,
-            "queue_depth": self.dispatcher.queue_depths(),
+            "worker_restarts": self.counters["worker_restarts"],
+            "jobs_redispatched": self.counters["jobs_redispatched"],
+            "queue_depth": {**self.dispatcher.queue_depths(), "pending_texts": self.dispatcher.pending_texts,
+                            "max_pending_texts": self.settings.max_pending_texts},
             "in_flight_requests": self.dispatcher.in_flight_requests,
-            "requests_served": self.requests_served,
+            "requests_served": self.counters["requests_served"],
+            "requests": {outcome: self.counters[f"requests_{outcome}"]
+                         for outcome in ("served", "busy", "expired", "abandoned", "failed")},
+            "texts": {"encoded": self.dispatcher.texts_encoded,
+                      **{outcome: self.counters[f"texts_{outcome}"] for outcome in ("expired", "abandoned", "failed")}},
+            "replies_dropped": self.counters["replies_dropped"],
             "draining": self.draining,
             "uptime_s": round(time.monotonic() - self.started, 3),
             "server_version": __version__,
@@ -154,9 +275,9 @@ def _peer_address(frame):
         return None
 
 
-def run_ventilator(settings, addresses):
+def run_ventilator(settings, addresses, supervisor=None):
     log, stop = start_child("ventilator", settings.verbose)
-    ventilator = Ventilator(settings, addresses, log)
+    ventilator = Ventilator(settings, addresses, log, supervisor)
     try:
         ventilator.run(stop)
     finally:

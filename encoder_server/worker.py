@@ -3,18 +3,25 @@
 The priority lane runs small requests, the bulk lane split ones, each on its own thread, so a
 small request never waits for a bulk pass to finish. Sockets: `jobs` (DEALER to the ventilator,
 prefetch thread only) and one `results` PUSH to the sink per lane.
+
+The prefetch thread also sends the ventilator a heartbeat every HEARTBEAT_INTERVAL, unless a
+lane has been stuck in one pass for STALL_LIMIT: then the worker falls silent and is replaced.
 """
 import os
+import socket
 import threading
+import time
 
 import zmq
 
-from . import messages
+from . import fault_injection, messages
 from .backends import load_encoder
 from .batching import BULK, PRIORITY, BatchPlanner, drain
-from .runtime import POLL_MS, make_socket, start_child
+from .runtime import HEARTBEAT_INTERVAL, POLL_MS, make_socket, start_child
 from .scheduling import Job
 from .tokenizer import TextTokenizer
+
+STALL_LIMIT = 120.0
 
 WARMUP_TEXTS = ["warm up the model", "a second, somewhat longer sentence to warm up the model"]
 
@@ -31,6 +38,7 @@ class Worker:
         self.batch_wait_s = settings.batch_wait_ms / 1000
         self.buffered = threading.Condition()
         self.failed = False
+        self.pass_started = {}  # lane -> monotonic start of the pass it is running
         self.warm_up()
 
     def warm_up(self):
@@ -40,14 +48,15 @@ class Worker:
     def prefetch(self):
         jobs = make_socket(zmq.Context.instance(), zmq.DEALER, connect=self.addresses.backend,
                            identity=self.name.encode())
-        jobs.send(messages.READY)
+        jobs.send_multipart(messages.ready_frames(os.getpid(), socket.gethostname()))
+        next_beat = time.monotonic() + HEARTBEAT_INTERVAL
         try:
             while not self.stop.is_set():
                 if jobs.poll(POLL_MS):
-                    job = self.tokenizer.tokenize(messages.decode_job(jobs.recv_multipart()))
-                    with self.buffered:
-                        self.planner.add(job)
-                        self.buffered.notify_all()
+                    self.take(messages.decode_job(jobs.recv_multipart()), jobs)
+                if time.monotonic() >= next_beat and not self.stalled():
+                    jobs.send(messages.HEARTBEAT)
+                    next_beat = time.monotonic() + HEARTBEAT_INTERVAL
         except Exception:
             self.log.exception("prefetch failed; stopping this worker")
             self.failed = True
@@ -55,13 +64,30 @@ class Worker:
         finally:
             jobs.close(linger=0)
 
+    def take(self, job, jobs):
+        if job.deadline is not None and time.time() > job.deadline:
+            jobs.send_multipart(messages.number_frames(messages.DROPPED, job.job_id))
+            return
+        fault_injection.inject(job.texts)
+        tokenized = self.tokenizer.tokenize(job)
+        with self.buffered:
+            self.planner.add(tokenized)
+            self.buffered.notify_all()
+
+    def stalled(self):
+        now = time.monotonic()
+        return any(now - started > STALL_LIMIT for started in list(self.pass_started.values()))
+
     def compute(self, lane):
         results = make_socket(zmq.Context.instance(), zmq.PUSH, connect=self.addresses.sink)
         try:
             while not self.stop.is_set():
                 batch = self._next_pass(lane)
                 if batch is not None:
-                    for job in batch.scatter(self.encoder.embed(batch)):
+                    self.pass_started[lane] = time.monotonic()
+                    pooled = self.encoder.embed(batch)
+                    del self.pass_started[lane]
+                    for job in batch.scatter(pooled):
                         results.send_multipart(
                             messages.part_frames(job.seq, job.job_id, job.offset, job.result(), job.tokens),
                             copy=False)
