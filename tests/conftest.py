@@ -62,17 +62,23 @@ def free_port():
 
 
 class RunningServer:
-    def __init__(self, process, port, port_out, log_path, tmpdir):
+    def __init__(self, process, port, port_out, log_path, tmpdir, client_keys=None):
         self.process, self.port, self.port_out = process, port, port_out
         self.log_path, self.tmpdir = log_path, tmpdir
+        self.client_keys = client_keys or {}
 
     def client(self, **kwargs):
         kwargs.setdefault("timeout", 60)
+        kwargs = {**self.client_keys, **kwargs}
         return EncoderClient("127.0.0.1", self.port, self.port_out, **kwargs)
 
     @property
     def log(self):
         return Path(self.log_path).read_text(errors="replace")
+
+    def worker_pids(self):
+        with self.client(timeout=5) as client:
+            return [int(name.rsplit(":", 1)[1]) for name in client.server_status["worker_busy_texts"]]
 
     def wait_ready(self):
         deadline = time.monotonic() + START_TIMEOUT
@@ -99,18 +105,19 @@ class RunningServer:
 
 
 @contextmanager
-def running_server(model_dir, *flags, tmp_path):
-    """Start `encoder-server start` as a real process group; stop it and check nothing is left."""
-    port, port_out = free_port(), free_port()
+def running_server(model_dir, *flags, tmp_path, ports=None, env=None, client_keys=None):
+    """Start `encoder-server start` as a real process group; stop it and check nothing is left.
+    `client_keys` are the server_key and client_key that its clients need under CURVE."""
+    port, port_out = ports or (free_port(), free_port())
     tmpdir = tmp_path / "server-tmp"
-    tmpdir.mkdir(exist_ok=True)
+    tmpdir.mkdir(parents=True, exist_ok=True)
     log_path = tmp_path / f"server-{port}.log"
     command = [sys.executable, "-m", "encoder_server.cli", "start", "--model", str(model_dir),
                "--port", str(port), "--port-out", str(port_out), *flags]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "TMPDIR": str(tmpdir), "HF_HUB_OFFLINE": "1"})
-    server = RunningServer(process, port, port_out, log_path, tmpdir)
+                                   env={**os.environ, "TMPDIR": str(tmpdir), "HF_HUB_OFFLINE": "1", **(env or {})})
+    server = RunningServer(process, port, port_out, log_path, tmpdir, client_keys)
     try:
         yield server.wait_ready()
     finally:
@@ -126,6 +133,13 @@ def assert_no_leftovers(server):
     assert not _group_alive(server.process.pid), "server processes outlived the stop"
     # onnxruntime itself keeps a small session-id file (.ses) in TMPDIR; everything else is ours
     assert [p for p in Path(server.tmpdir).iterdir() if p.name != ".ses"] == [], "ipc files left behind"
+
+
+def wait_for(condition, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
 
 
 def _group_alive(pgid):

@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import random_texts, reference_embeddings, running_server
+from conftest import random_texts, reference_embeddings, running_server, wait_for
 from encoder_client import ConcurrentEncoderClient, EncoderClient, ServerError
 
 pytestmark = pytest.mark.timeout(300)
@@ -200,13 +200,6 @@ def test_late_reply_after_timeout_is_discarded(tiny_server):
         small = client.encode(["the sun"])
         assert small.shape == (1, 32)
         assert not client._pending and not client._arrived
-
-
-def wait_for(condition, timeout=60):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def test_show_tokens_error_reply_is_a_server_error(tmp_path, tiny_model):
