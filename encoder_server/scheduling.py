@@ -207,15 +207,15 @@ class Dispatcher:
             return [], []
         lost = [job for owner, job in self._assigned.values() if owner == worker]
         requeued, poisoned = [], []
-        for job in lost:
+        for job in reversed(lost):  # each goes to the front, so the oldest ends up first
             del self._assigned[job.job_id]
             if job.seq not in self._requests:
                 continue
             job.attempts += 1
             if job.attempts >= MAX_ATTEMPTS:
-                poisoned.append(job)
+                poisoned.insert(0, job)
             else:
-                requeued.append(job)
+                requeued.insert(0, job)
                 self._enqueue(job, front=True)
         return requeued, poisoned
 

@@ -184,3 +184,7 @@ def reference_embeddings(model_dir, texts, layers=(-2,), strategy="mean", is_tok
 def random_texts(count, seed=0, min_words=1, max_words=30):
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, size=rng.integers(min_words, max_words + 1))) for _ in range(count)]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: runs for minutes (the soak); CI still runs it")

@@ -1,4 +1,6 @@
 """encoder_server.assembly.Assembler: putting a request's parts back together."""
+import time
+
 import numpy as np
 import pytest
 
@@ -133,3 +135,25 @@ def test_requests_kept_apart_and_forgotten_when_complete():
     assert done_a.identity == b"a"
     np.testing.assert_array_equal(done_a.array[:, 0], [20, 21])
     assert len(assembler) == 0
+
+
+def test_parts_of_a_finished_or_forgotten_request_are_ignored():
+    assembler = Assembler()
+    assert assembler.register(1, Registration(b"c", 5, rows=1)) is None
+    assert assembler.add_part(1, 0, np.ones((1, 2), np.float32)) is not None
+    assert assembler.add_part(1, 0, np.ones((1, 2), np.float32)) is None  # a re-sent job's duplicate
+    assembler.register(2, Registration(b"c", 6, rows=2))
+    assert assembler.forget(2).req_id == 6
+    assert assembler.add_part(2, 0, np.ones((2, 2), np.float32)) is None
+    assert len(assembler) == 0
+
+
+def test_requests_nobody_listens_for_are_given_up_after_the_grace():
+    assembler = Assembler()
+    assembler.register(1, Registration(b"gone", 1, rows=2))
+    assembler.register(2, Registration(b"here", 2, rows=2))
+    listening = lambda identity: identity == b"here"  # noqa: E731
+    start = time.monotonic()
+    assert assembler.abandoned(listening, grace=10, now=start + 5) == []
+    assert assembler.abandoned(listening, grace=10, now=start + 11) == [1]
+    assert len(assembler) == 1

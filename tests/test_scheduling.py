@@ -285,3 +285,62 @@ def test_add_worker_twice_keeps_its_load():
     d.add_worker(b"w1")                      # a repeated READY
     assert d.assignments() == []
     assert d.workers == {"w1": 4}
+
+
+# ----- failures, cancellation, deadlines -----
+
+def _dispatcher_with_two_workers():
+    d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=2)
+    d.add_worker(b"w1")
+    d.add_worker(b"w2")
+    return d
+
+
+def test_dead_workers_jobs_go_to_the_front_and_run_alone():
+    d = _dispatcher_with_two_workers()
+    d.submit(1, b"A", texts(16))
+    sent = d.assignments()
+    lost = [job for worker, job in sent if worker == b"w1"]
+    requeued, poisoned = d.remove_worker(b"w1")
+    assert requeued == lost and poisoned == []
+    assert d.assignments() == []  # w2 is busy, and a suspect runs only on an idle worker
+    for worker, job in sent:
+        if worker == b"w2":
+            d.job_done(job.job_id)
+    again = d.assignments()
+    assert [job for _, job in again] == [lost[0]]  # alone: nothing else joins it
+    assert d.workers == {"w2": len(lost[0].texts)}
+
+
+def test_a_job_on_two_dead_workers_is_reported_as_poison():
+    d = _dispatcher_with_two_workers()
+    d.submit(1, b"A", texts(2))
+    (worker, job), *_ = d.assignments()
+    d.remove_worker(worker)
+    d.add_worker(b"w3")
+    (second_worker, same), *_ = [(w, j) for w, j in d.assignments() if j.job_id == job.job_id]
+    requeued, poisoned = d.remove_worker(second_worker)
+    assert [j.job_id for j in poisoned] == [job.job_id] and job.attempts == 2
+
+
+def test_cancel_drops_queued_jobs_and_frees_the_pending_texts():
+    d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=1)
+    d.add_worker(b"w1")
+    d.submit(1, b"A", texts(12))
+    (_, sent), = d.assignments()
+    assert d.pending_texts == 12
+    assert d.cancel(1) == 8  # two jobs never sent
+    assert d.pending_texts == 0 and d.in_flight_requests == 0 and len(d.queue_depths()) == 3
+    assert d.job_done(sent.job_id) is None  # the sent one finishes unnoticed
+    assert d.workers == {"w1": 0} and d.cancel(1) is None
+
+
+def test_expired_requests_are_reported_once():
+    d = Dispatcher()
+    d.submit(1, b"A", texts(3), deadline=100.0)
+    d.submit(2, b"A", texts(3), deadline=200.0)
+    d.submit(3, b"A", texts(3))
+    assert d.expired(now=150.0) == [1]
+    assert d.expired(now=150.0) == []
+    d.cancel(2)
+    assert d.expired(now=250.0) == []
