@@ -4,6 +4,7 @@ One EncoderClient belongs to one thread; use ConcurrentEncoderClient to share ac
 """
 import itertools
 import json
+import os
 import secrets
 import time
 import uuid
@@ -281,7 +282,6 @@ def _curve_keys(server_key, client_key):
 
 
 def _is_file(value):
-    import os
     return isinstance(value, (str, os.PathLike)) and os.path.isfile(value)
 
 

@@ -312,3 +312,20 @@ def test_parse_encode_invalid_json():
 ])
 def test_is_loopback(address, expected):
     assert is_loopback(address) is expected
+
+
+def test_busy_error_carries_its_code_and_plain_errors_none():
+    busy = decode_reply(wire(encode_error(b"c", 4, "server busy", code="busy")))
+    plain = decode_reply(wire(encode_error(b"c", 5, "bad request")))
+    assert (busy.error, busy.code) == ("server busy", "busy")
+    assert (plain.error, plain.code) == ("bad request", None)
+
+
+def test_parse_encode_reads_the_timeout_and_limits_the_size():
+    parsed = parse_encode(request_for(["a"], options={"timeout_ms": 1500}), show_tokens_allowed=False)
+    assert parsed.timeout_s == 1.5
+    for bad in (0, -3, "soon", True, [1]):
+        with pytest.raises(ProtocolError, match="timeout_ms must be a positive number"):
+            parse_encode(request_for(["a"], options={"timeout_ms": bad}), show_tokens_allowed=False)
+    with pytest.raises(ProtocolError, match="3 texts in one request is above the server's limit of 2"):
+        parse_encode(request_for(["a", "b", "c"]), show_tokens_allowed=False, max_texts=2)

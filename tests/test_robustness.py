@@ -104,6 +104,9 @@ def _start(*flags):
     (["--pooling-layer", "9"], "--pooling-layer 9"),
     (["--pooling-strategy", "cls", "--mask-cls-sep"], "--mask-cls-sep"),
     (["--fp16"], "--fp16 needs --device cuda"),
+    (["--authorized-clients", "/tmp"], "--authorized-clients needs --server-key"),
+    (["--server-key", "/nonexistent/server.key_secret"], "--server-key /nonexistent/server.key_secret"),
+    (["--max-pending-texts", "0"], "--max-pending-texts must be at least 1"),
 ])
 def test_start_up_errors_are_one_clear_line(tiny_model, flags, message):
     if "--model" not in flags:
