@@ -220,6 +220,7 @@ class EncoderClient:
                     self._arrived[reply.req_id] = reply
         except (TimeoutError, ConnectionLostError):
             self._pending.pop(req_id, None)
+            self._lost.discard(req_id)
             raise
         show_tokens = self._pending.pop(reply.req_id, False)
         self._lost.discard(reply.req_id)
@@ -230,10 +231,11 @@ class EncoderClient:
     def _raise_if_lost(self, req_id):
         lost = self._lost & ({req_id} if req_id is not None else set(self._pending))
         if lost:
-            self._lost -= lost
-            self._pending.pop(min(lost), None)
+            first = min(lost)
+            self._lost.discard(first)
+            self._pending.pop(first, None)
             raise ConnectionLostError(f"the connection to the encoder-server at {self.address} broke while "
-                                      f"request {min(lost)} was in flight; its reply may never come")
+                                      f"request {first} was in flight; its reply may never come")
 
     def _receive(self, deadline, listening=False):
         poller = zmq.Poller()

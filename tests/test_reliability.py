@@ -193,3 +193,17 @@ def test_curve_admits_authorized_clients_only(tiny_model, tmp_path, keys):
             assert not sock.poll(500), "an unauthorized subscriber received something"
             sock.close(linger=0)
         assert _status(server)["ready"]
+
+
+def test_oversized_request_is_refused_and_costs_the_server_nothing(tiny_model, tmp_path):
+    with running_server(tiny_model, "--max-request-mb", "1", tmp_path=tmp_path) as server:
+        with server.client(timeout=10) as client:
+            with pytest.raises(ValueError, match="above the server's limit of 1 MB"):
+                client.encode(["word " * 300_000])
+            hostile = zmq.Context.instance().socket(zmq.PUSH)
+            hostile.setsockopt(zmq.LINGER, 0)
+            hostile.connect(f"tcp://127.0.0.1:{server.port}")
+            hostile.send_multipart([b"hostile", os.urandom(3 << 20), b"1", b"1"])  # ZeroMQ drops the peer
+            hostile.close()
+            assert client.encode(["still fine"]).shape == (1, 32)
+            assert client.server_status["ready"]
