@@ -30,6 +30,7 @@ class Sink:
         self.assembler = Assembler()
         self.subscriptions = Subscriptions()
         self.undelivered = 0
+        self.quiet_until = 0.0  # rate limit for the slow-reader warning
         context = zmq.Context.instance()
         curve = load_key_pair(settings.server_key) if settings.server_key else None
         self.authenticator = start_authenticator(context, settings.authorized_clients) if curve else None
@@ -92,6 +93,9 @@ class Sink:
         except zmq.Again:  # a reader's queue is full
             if held is None or not held.slow:
                 self.subscriptions.hold(identity, frames, slow=True)
+                if time.monotonic() > self.quiet_until:
+                    self.quiet_until = time.monotonic() + 10
+                    self.log.warning("the reader of %r is not keeping up; holding its replies", identity)
             elif time.monotonic() < held.deadline:
                 self.subscriptions.keep(held)
             else:

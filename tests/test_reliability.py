@@ -1,5 +1,6 @@
 """Every reliability promise, broken on purpose: real processes, kill -9, poison, restarts,
 overload, deadlines and CURVE. Faults come from the test-only hook in encoder_server.fault_injection."""
+import json
 import os
 import signal
 import subprocess
@@ -207,3 +208,35 @@ def test_oversized_request_is_refused_and_costs_the_server_nothing(tiny_model, t
             hostile.close()
             assert client.encode(["still fine"]).shape == (1, 32)
             assert client.server_status["ready"]
+
+
+def test_slow_reader_loses_no_reply(tiny_model, tmp_path):
+    """A subscriber that stops reading while ~25 MB of results pile up still gets every reply
+    (its data, or an error such as busy) once it reads again: nothing is dropped silently."""
+    identity, count = b"slow-reader", 2500
+    with running_server(tiny_model, "--num-worker", "2", "--max-pending-texts", "1000000",
+                        tmp_path=tmp_path) as server:
+        _read_slowly(server, identity, count)
+        assert "is not keeping up; holding its replies" in server.log
+
+
+def _read_slowly(server, identity, count):
+    context = zmq.Context.instance()
+    reader = context.socket(zmq.SUB)
+    reader.setsockopt(zmq.RCVHWM, 10)
+    reader.setsockopt(zmq.RCVBUF, 4096)  # a small kernel buffer, so the backlog stays in the sink
+    reader.setsockopt(zmq.SUBSCRIBE, identity)
+    reader.connect(f"tcp://127.0.0.1:{server.port_out}")
+    sender = context.socket(zmq.PUSH)
+    sender.connect(f"tcp://127.0.0.1:{server.port}")
+    time.sleep(0.5)  # let the subscription reach the sink
+    texts = json.dumps(random_texts(100, seed=13)).encode()
+    for req_id in range(count):
+        sender.send_multipart([identity, texts, b"%d" % req_id, b"100"])
+    time.sleep(10)  # not reading: the sink's queue for us fills and it must hold replies
+    replies = set()
+    while len(replies) < count and reader.poll(30_000):
+        replies.add(int(reader.recv_multipart()[-1]))
+    for sock in (reader, sender):
+        sock.close(linger=0)
+    assert replies == set(range(count))
