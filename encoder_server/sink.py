@@ -29,7 +29,6 @@ class Sink:
         self.log = log
         self.assembler = Assembler()
         self.subscriptions = Subscriptions()
-        self.undelivered = 0
         self.quiet_until = 0.0  # rate limit for the slow-reader warning
         context = zmq.Context.instance()
         curve = load_key_pair(settings.server_key) if settings.server_key else None
@@ -99,7 +98,6 @@ class Sink:
             elif time.monotonic() < held.deadline:
                 self.subscriptions.keep(held)
             else:
-                self.undelivered += 1
                 self.log.error("dropped a reply for %r: its reader has not read for %.0fs", identity,
                                self.subscriptions.slow_seconds)
 
