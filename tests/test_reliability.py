@@ -170,13 +170,14 @@ def test_curve_admits_authorized_clients_only(tiny_model, tmp_path, keys):
                         "--authorized-clients", str(keys / "authorized"), tmp_path=tmp_path,
                         client_keys=alice) as server:
         port_args = ("127.0.0.1", server.port, server.port_out)
-        eavesdropper = zmq.Context.instance().socket(zmq.SUB)
+        strangers = zmq.Context()  # raw sockets of their own, torn down with their context
+        eavesdropper = strangers.socket(zmq.SUB)
         eavesdropper.setsockopt(zmq.SUBSCRIBE, b"")
         eavesdropper.curve_serverkey = zmq.auth.load_certificate(str(server_public))[0]
         eavesdropper.curve_publickey, eavesdropper.curve_secretkey = zmq.auth.load_certificate(
             str(keys / "strangers" / "mallory.key_secret"))
         eavesdropper.connect(f"tcp://127.0.0.1:{server.port_out}")
-        plain = zmq.Context.instance().socket(zmq.SUB)
+        plain = strangers.socket(zmq.SUB)
         plain.setsockopt(zmq.SUBSCRIBE, b"")
         plain.connect(f"tcp://127.0.0.1:{server.port_out}")
 
@@ -192,7 +193,7 @@ def test_curve_admits_authorized_clients_only(tiny_model, tmp_path, keys):
             EncoderClient(*port_args, timeout=3)  # no CURVE at all, so it cannot even stop the server
         for sock in (eavesdropper, plain):
             assert not sock.poll(500), "an unauthorized subscriber received something"
-            sock.close(linger=0)
+        strangers.destroy(linger=0)
         assert _status(server)["ready"]
 
 
@@ -201,13 +202,12 @@ def test_oversized_request_is_refused_and_costs_the_server_nothing(tiny_model, t
         with server.client(timeout=10) as client:
             with pytest.raises(ValueError, match="above the server's limit of 1 MB"):
                 client.encode(["word " * 300_000])
-            hostile = zmq.Context.instance().socket(zmq.PUSH)
-            hostile.setsockopt(zmq.LINGER, 0)
+            hostile = zmq.Context().socket(zmq.PUSH)  # its own context: its I/O is none of the client's
             hostile.connect(f"tcp://127.0.0.1:{server.port}")
             hostile.send_multipart([b"hostile", os.urandom(3 << 20), b"1", b"1"])  # ZeroMQ drops the peer
-            hostile.close()
             assert client.encode(["still fine"]).shape == (1, 32)
             assert client.server_status["ready"]
+            hostile.context.destroy(linger=0)
 
 
 def test_slow_reader_loses_no_reply(tiny_model, tmp_path):
