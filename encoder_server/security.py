@@ -33,3 +33,11 @@ def start_authenticator(context, authorized_clients):
     authenticator.start()
     authenticator.configure_curve(domain="*", location=authorized_clients or zmq.auth.CURVE_ALLOW_ANY)
     return authenticator
+
+
+def curve_for(context, settings):
+    """(key pair for make_socket's `curve`, authenticator to stop on close) for a process with
+    public sockets; (None, None) when the server runs without --server-key."""
+    if not settings.server_key:
+        return None, None
+    return load_key_pair(settings.server_key), start_authenticator(context, settings.authorized_clients)

@@ -16,7 +16,7 @@ from encoder_client.protocol import encode_error, encode_result
 from . import messages
 from .assembly import Assembler
 from .runtime import POLL_MS, make_socket, start_child
-from .security import load_key_pair, start_authenticator
+from .security import curve_for
 from .subscriptions import Subscriptions
 
 ABANDON_AFTER = 15.0
@@ -31,8 +31,7 @@ class Sink:
         self.subscriptions = Subscriptions()
         self.quiet_until = 0.0  # rate limit for the slow-reader warning
         context = zmq.Context.instance()
-        curve = load_key_pair(settings.server_key) if settings.server_key else None
-        self.authenticator = start_authenticator(context, settings.authorized_clients) if curve else None
+        curve, self.authenticator = curve_for(context, settings)
         self.collect = make_socket(context, zmq.PULL, bind=addresses.sink)
         # XPUB_VERBOSER: every subscribe and unsubscribe, not just the first
         self.publish = make_socket(context, zmq.XPUB, bind=addresses.publish, hwm=PUBLISH_HWM, curve=curve,

@@ -21,7 +21,7 @@ from .assembly import Registration
 from .intake import is_loopback, parse_encode
 from .runtime import HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS, POLL_MS, make_socket, start_child
 from .scheduling import Dispatcher
-from .security import load_key_pair, start_authenticator
+from .security import curve_for
 
 
 class Ventilator:
@@ -38,8 +38,7 @@ class Ventilator:
         self.local_pids = {}  # pid -> identity, for workers on this host
         self.draining = False
         context = zmq.Context.instance()
-        curve = load_key_pair(settings.server_key) if settings.server_key else None
-        self.authenticator = start_authenticator(context, settings.authorized_clients) if curve else None
+        curve, self.authenticator = curve_for(context, settings)
         self.frontend = make_socket(context, zmq.PULL, bind=addresses.frontend, curve=curve,
                                     options={zmq.MAXMSGSIZE: settings.max_request_mb << 20})
         self.backend = make_socket(context, zmq.ROUTER, bind=addresses.backend,
