@@ -1,8 +1,9 @@
 """Lightweight client of encoder-server; needs only pyzmq and numpy."""
+from .aio import AsyncEncoderClient, EncodeResult
 from .client import EncoderClient
 from .concurrent import ConcurrentEncoderClient
 from .errors import ConnectionLostError, ServerBusyError, ServerError
 
 __version__ = "0.1.0"
-__all__ = ["EncoderClient", "ConcurrentEncoderClient", "ServerError", "ServerBusyError", "ConnectionLostError",
-           "__version__"]
+__all__ = ["EncoderClient", "AsyncEncoderClient", "EncodeResult", "ConcurrentEncoderClient", "ServerError",
+           "ServerBusyError", "ConnectionLostError", "__version__"]

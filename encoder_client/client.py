@@ -3,25 +3,21 @@
 One EncoderClient belongs to one thread; use ConcurrentEncoderClient to share across threads.
 """
 import itertools
-import json
-import os
 import secrets
 import time
-import uuid
 from collections import deque
 
 import numpy as np
 import zmq
-import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
-from .errors import ConnectionLostError, ServerBusyError, ServerError
-from .protocol import BUSY, decode_reply, encode_request
+from .errors import ConnectionLostError, ServerBusyError, reply_error
+from .keys import apply_curve, as_identity, curve_keys
+from .progress import PROGRESS_CHUNK, chunks, progress_bar
+from .protocol import decode_reply, encode_request
+from .request import CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, prepare_encode, retry_pause
 from .validation import check_texts
 
-CONNECT_TIMEOUT = 10.0
-HANDSHAKE_INTERVAL = 0.25
-RETRY_PAUSE = (0.1, 2.0)  # first and longest pause between resends
 AUTH_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 
 
@@ -40,12 +36,12 @@ class EncoderClient:
                  output_fmt="ndarray", server_key=None, client_key=None):
         if output_fmt not in ("ndarray", "list"):
             raise ValueError('output_fmt must be "ndarray" or "list"')
-        self.identity = _as_identity(identity)
+        self.identity = as_identity(identity)
         self.timeout = timeout
         self.output_fmt = output_fmt
         self.address = f"tcp://{host}:{port}"
         self._context = zmq.Context.instance()
-        self._curve = _curve_keys(server_key, client_key)
+        self._curve = curve_keys(server_key, client_key)
         self._sender = self._socket(zmq.PUSH, f"tcp://{host}:{port}")
         self._receiver = self._socket(zmq.SUB, f"tcp://{host}:{port_out}")
         self._receiver.setsockopt(zmq.SUBSCRIBE, self.identity)
@@ -55,6 +51,7 @@ class EncoderClient:
         self._arrived = {}
         self._lost = set()  # requests in flight when the connection broke
         self._max_request_bytes = None
+        self._max_pending_texts = None
         self._closed = False
         try:
             self._handshake(CONNECT_TIMEOUT if timeout is None else timeout)
@@ -64,12 +61,18 @@ class EncoderClient:
 
     # ----- public API -----
 
-    def encode(self, texts, *, is_tokenized=False, show_tokens=False, blocking=True, retries=0):
+    def encode(self, texts, *, is_tokenized=False, show_tokens=False, blocking=True, retries=0,
+               show_progress=False):
         """Embed `texts`; returns an array with one row per text, or (array, tokens).
 
         With `retries`, a request that timed out, lost its connection or found the server busy is
         sent again (each try waits up to `timeout`); a late reply to an earlier try is discarded.
+        With `show_progress`, a long list is sent as pipelined sub-requests under a tqdm bar.
         """
+        if show_progress:
+            if not blocking:
+                raise ValueError("show_progress needs blocking=True")
+            return self._encode_pipelined(texts, is_tokenized, show_tokens, retries)
         for attempt in range(retries + 1):
             req_id = self._submit(texts, is_tokenized, show_tokens)
             if not blocking:
@@ -79,7 +82,7 @@ class EncoderClient:
             except (TimeoutError, ConnectionLostError, ServerBusyError):
                 if attempt == retries:
                     raise
-                time.sleep(min(RETRY_PAUSE[0] * 2 ** attempt, RETRY_PAUSE[1]))
+                time.sleep(retry_pause(attempt))
 
     def fetch(self):
         """Yield (req_id, result) for each request sent with blocking=False, as they arrive."""
@@ -107,6 +110,33 @@ class EncoderClient:
                 yield self._result(*self._wait(in_flight.popleft()))
         while in_flight:
             yield self._result(*self._wait(in_flight.popleft()))
+
+    def _encode_pipelined(self, texts, is_tokenized, show_tokens, retries, max_in_flight=4):
+        """Send `texts` as sub-requests, `max_in_flight` ahead, so the server never waits for us.
+        A sub-request that times out, loses its connection or finds the server busy is sent again
+        (at the back of the line) while `retries` last."""
+        check_texts(texts, is_tokenized)
+        pieces = chunks(texts, min(PROGRESS_CHUNK, self._max_pending_texts or PROGRESS_CHUNK))
+        results, attempts, in_flight = [None] * len(pieces), [0] * len(pieces), deque()
+        send = lambda index: in_flight.append((index, self._submit(pieces[index], is_tokenized, show_tokens)))  # noqa: E731
+        with progress_bar(len(texts)) as bar:
+            for index in range(len(pieces)):
+                send(index)
+                while len(in_flight) >= max_in_flight or (index == len(pieces) - 1 and in_flight):
+                    index_done, req_id = in_flight.popleft()
+                    try:
+                        results[index_done] = self._result(*self._wait(req_id))
+                    except (TimeoutError, ConnectionLostError, ServerBusyError):
+                        if attempts[index_done] == retries:
+                            raise
+                        time.sleep(retry_pause(attempts[index_done]))
+                        attempts[index_done] += 1
+                        send(index_done)
+                        continue
+                    bar.update(len(pieces[index_done]))
+        if show_tokens:
+            return _concatenate([r[0] for r in results], self.output_fmt), [t for r in results for t in r[1]]
+        return _concatenate(results, self.output_fmt)
 
     def listen(self):
         """Yield (req_id, embeddings) for every result published to this identity, from any sender."""
@@ -147,8 +177,7 @@ class EncoderClient:
         sock.setsockopt(zmq.LINGER, 0)
         if self.timeout is not None:
             sock.setsockopt(zmq.SNDTIMEO, max(1, int(self.timeout * 1000)))
-        if self._curve:
-            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
+        apply_curve(sock, self._curve)
         sock.connect(address)
         return sock
 
@@ -161,8 +190,8 @@ class EncoderClient:
                 config = self._wait(req_id, min(deadline, time.monotonic() + HANDSHAKE_INTERVAL))[0].data
             except (TimeoutError, ConnectionLostError):
                 continue
-            if config.get("max_request_mb"):
-                self._max_request_bytes = config["max_request_mb"] << 20
+            self._max_request_bytes = max_request_bytes(config)
+            self._max_pending_texts = config.get("max_pending_texts")
             return
         raise TimeoutError(f"no answer from an encoder-server at {self.address} within {timeout:g}s; "
                            "is it running, and are port and port_out right?")
@@ -171,15 +200,7 @@ class EncoderClient:
         return self._wait(self._send(command, 0))[0].data
 
     def _submit(self, texts, is_tokenized=False, show_tokens=False):
-        check_texts(texts, is_tokenized)
-        payload = json.dumps(texts).encode()
-        if self._max_request_bytes and len(payload) > self._max_request_bytes:
-            raise ValueError(f"the request is {len(payload) >> 20} MB, above the server's limit of "
-                             f"{self._max_request_bytes >> 20} MB (--max-request-mb); split it")
-        options = {"is_tokenized": is_tokenized, "show_tokens": show_tokens}
-        if self.timeout is not None:
-            options["timeout_ms"] = self.timeout * 1000
-        return self._send(payload, len(texts), options)
+        return self._send(*prepare_encode(texts, is_tokenized, show_tokens, self.timeout, self._max_request_bytes))
 
     def _send(self, payload, msg_len, options=None):
         req_id = self._next_req_id
@@ -225,7 +246,7 @@ class EncoderClient:
         show_tokens = self._pending.pop(reply.req_id, False)
         self._lost.discard(reply.req_id)
         if reply.error is not None:
-            raise (ServerBusyError if reply.code == BUSY else ServerError)(reply.error, reply.req_id)
+            raise reply_error(reply)
         return reply, show_tokens
 
     def _raise_if_lost(self, req_id):
@@ -266,35 +287,6 @@ class EncoderClient:
 
     def _format(self, array):
         return array.tolist() if self.output_fmt == "list" else array
-
-
-def _curve_keys(server_key, client_key):
-    """(server public, client public, client secret) for CURVE, or None without a server key."""
-    if server_key is None:
-        if client_key is not None:
-            raise ValueError("client_key needs server_key, the server's public key file")
-        return None
-    server_public = zmq.auth.load_certificate(server_key)[0] if _is_file(server_key) else _as_bytes(server_key)
-    if client_key is None:
-        return (server_public, *zmq.curve_keypair())  # encryption alone, for a server that admits any key
-    client_public, client_secret = zmq.auth.load_certificate(client_key)
-    if client_secret is None:
-        raise ValueError(f"{client_key} holds no secret key; pass the client's .key_secret file")
-    return server_public, client_public, client_secret
-
-
-def _is_file(value):
-    return isinstance(value, (str, os.PathLike)) and os.path.isfile(value)
-
-
-def _as_bytes(value):
-    return value.encode() if isinstance(value, str) else bytes(value)
-
-
-def _as_identity(identity):
-    if identity is None:
-        return str(uuid.uuid4()).encode("ascii")
-    return identity.encode() if isinstance(identity, str) else bytes(identity)
 
 
 def _concatenate(values, output_fmt):

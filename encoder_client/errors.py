@@ -1,3 +1,6 @@
+from .protocol import BUSY
+
+
 class ServerError(RuntimeError):
     """The server refused a request and said why."""
 
@@ -13,3 +16,8 @@ class ServerBusyError(ServerError):
 class ConnectionLostError(ConnectionError):
     """The connection to the server broke while a request was in flight, so its reply may never
     come (the server restarted, or the network failed); sending it again is safe."""
+
+
+def reply_error(reply):
+    """The exception for an error reply (busy or refused)."""
+    return (ServerBusyError if reply.code == BUSY else ServerError)(reply.error, reply.req_id)

@@ -28,6 +28,7 @@ class Completed:
     req_id: int
     array: object
     tokens: list = None
+    num_tokens: int = 0
 
 
 @dataclass
@@ -35,6 +36,7 @@ class _Pending:
     registration: Registration = None
     parts: dict = field(default_factory=dict)  # offset -> (array, tokens)
     rows: int = 0
+    num_tokens: int = 0
     heard: float = field(default_factory=time.monotonic)  # last time someone listened for it
 
 
@@ -50,13 +52,14 @@ class Assembler:
         self._pending.setdefault(seq, _Pending()).registration = registration
         return self._complete(seq)
 
-    def add_part(self, seq, offset, array, tokens=None):
+    def add_part(self, seq, offset, array, tokens=None, num_tokens=0):
         if seq in self._finished:
             return None
         pending = self._pending.setdefault(seq, _Pending())
         if offset not in pending.parts:
             pending.parts[offset] = (array, tokens)
             pending.rows += len(array)
+            pending.num_tokens += num_tokens
         return self._complete(seq)
 
     def forget(self, seq):
@@ -93,7 +96,7 @@ class Assembler:
         parts = [pending.parts[offset] for offset in sorted(pending.parts)]
         tokens = [t for _, part_tokens in parts for t in part_tokens] if registration.with_tokens else None
         return Completed(registration.identity, registration.req_id,
-                         concat_parts([array for array, _ in parts]), tokens)
+                         concat_parts([array for array, _ in parts]), tokens, pending.num_tokens)
 
     def _finish(self, seq):
         self._pending.pop(seq, None)

@@ -23,6 +23,8 @@ class TokenizedJob:
     ids: list                  # token ids per text, [CLS] and [SEP] included, no padding
     special: list              # 1 where ids holds a special token
     tokens: list = None        # WordPiece strings per text, when the client asked for them
+    queued_at: float = None    # wall-clock time its request was admitted
+    started: bool = False      # whether a pass has taken any of its rows
     arrived: float = field(default_factory=time.monotonic)
     outputs: list = field(default=None, repr=False)
 
@@ -36,6 +38,10 @@ class TokenizedJob:
     def result(self):
         return stack_rows(self.outputs)
 
+    @property
+    def num_tokens(self):
+        return sum(len(row) for row in self.ids)
+
 
 @dataclass
 class Pass:
@@ -43,6 +49,24 @@ class Pass:
     input_ids: np.ndarray       # [n, longest] int64, zero-padded
     attention_mask: np.ndarray  # [n, longest] int64
     special_tokens_mask: np.ndarray
+
+    @property
+    def padded_tokens(self):
+        return self.input_ids.size
+
+    @property
+    def real_tokens(self):
+        return int(self.attention_mask.sum())
+
+    def start(self, now):
+        """Mark the pass's jobs as started; returns the queue wait of each job it starts."""
+        waits = []
+        for job in dict.fromkeys(job for job, _ in self.rows):
+            if not job.started:
+                job.started = True
+                if job.queued_at is not None:
+                    waits.append(max(0.0, now - job.queued_at))
+        return waits
 
     def scatter(self, pooled):
         """Store each row's output in its job; returns the jobs this pass completed."""

@@ -1,7 +1,8 @@
 """Frames exchanged between the server's own processes (never seen by clients).
 
-    worker     -> ventilator  [READY, json]  |  [HEARTBEAT]  |  [DROPPED, job_id] (deadline passed)
-    ventilator -> worker      [JOB, json]
+    worker     -> ventilator  [READY, json]  |  [HEARTBEAT, json metrics since the last one]
+                              |  [DROPPED, job_id] (deadline passed)
+    ventilator -> worker      [JOB, json]  |  [HEARTBEAT]
     ventilator -> sink        [REGISTER, identity, json]  |  [PUBLISH, *public frames]
                               |  [FORGET, seq, error message or b""] (request cancelled)
     worker     -> sink        [PART, json, raw array bytes]
@@ -41,9 +42,9 @@ def decode_register(frames):
     return seq, Registration(identity=frames[1], **header)
 
 
-def part_frames(seq, job_id, offset, array, tokens=None):
+def part_frames(seq, job_id, offset, array, tokens=None, num_tokens=0):
     header = {"seq": seq, "job_id": job_id, "offset": offset, "dtype": str(array.dtype),
-              "shape": list(array.shape), "tokens": tokens}
+              "shape": list(array.shape), "tokens": tokens, "num_tokens": num_tokens}
     return [PART, json.dumps(header).encode(), memoryview(np.ascontiguousarray(array)).cast("B")]
 
 
@@ -53,8 +54,16 @@ def decode_part(header_frame, body_frame):
     return header, array
 
 
-def ready_frames(pid, host):
-    return [READY, json.dumps({"pid": pid, "host": host}).encode()]
+def ready_frames(pid, host, remote=False):
+    return [READY, json.dumps({"pid": pid, "host": host, "remote": remote}).encode()]
+
+
+def heartbeat_frames(metrics):
+    return [HEARTBEAT, json.dumps(metrics).encode()]
+
+
+def decode_heartbeat(frames):
+    return json.loads(frames[1]) if len(frames) > 1 else {}
 
 
 def decode_ready(frames):

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import zmq
 
+from encoder_client.keys import apply_curve
+
 POLL_MS = 100
 HEARTBEAT_INTERVAL = 1.0
 HEARTBEAT_LIVENESS = 5   # intervals without a word from a worker before it counts as dead
@@ -17,12 +19,23 @@ INTERNAL_HWM = 10000
 
 
 @dataclass(frozen=True)
+class WorkerEndpoints:
+    """Where a worker takes jobs and sends results; `curve` is (server public, own public, own
+    secret) when those ports use CURVE (a server with --server-key and --worker-port)."""
+    jobs: str
+    results: str
+    curve: tuple = None
+
+
+@dataclass(frozen=True)
 class Addresses:
-    """Public tcp endpoints plus the ipc endpoints inside the server (under `run_dir`)."""
+    """Public tcp endpoints plus the ipc endpoints inside the server (under `run_dir`), and with
+    `worker_port` two more tcp ports for workers on other hosts: jobs on it, results on the next."""
     host: str
     port: int
     port_out: int
     run_dir: str
+    worker_port: int = None
 
     @property
     def frontend(self):
@@ -43,6 +56,21 @@ class Addresses:
     @property
     def feedback(self):
         return f"ipc://{self.run_dir}/feedback"
+
+    @property
+    def jobs_binds(self):
+        return [self.backend, *self._remote(0)]
+
+    @property
+    def results_binds(self):
+        return [self.sink, *self._remote(1)]
+
+    def _remote(self, offset):
+        return [f"tcp://{self.host}:{self.worker_port + offset}"] if self.worker_port else []
+
+
+def remote_worker_endpoints(host, worker_port, curve=None):
+    return WorkerEndpoints(f"tcp://{host}:{worker_port}", f"tcp://{host}:{worker_port + 1}", curve)
 
 
 def configure_logging(name, verbose):
@@ -78,9 +106,12 @@ def _stop_with_parent(stop):
         stop.set()  # it died before we asked
 
 
-def make_socket(context, kind, bind=None, connect=None, identity=None, hwm=INTERNAL_HWM, curve=None, options=None):
-    """A socket whose queues are bounded by `hwm` messages per peer; `curve` is the server's
-    (public, secret) key pair when clients must use CURVE; `options` are more socket options."""
+def make_socket(context, kind, bind=None, connect=None, identity=None, hwm=INTERNAL_HWM, curve=None, options=None,
+                curve_client=None):
+    """A socket whose queues are bounded by `hwm` messages per peer, bound to one endpoint or a
+    list, or connected. `curve` is the server's (public, secret) key pair when peers must use
+    CURVE; `curve_client` is (server public, own public, own secret) to connect to such a peer;
+    `options` are more socket options."""
     sock = context.socket(kind)
     for option, value in (options or {}).items():
         sock.setsockopt(option, value)
@@ -91,8 +122,9 @@ def make_socket(context, kind, bind=None, connect=None, identity=None, hwm=INTER
     if curve:
         sock.curve_publickey, sock.curve_secretkey = curve
         sock.curve_server = True
-    if bind:
-        sock.bind(bind)
-    else:
+    apply_curve(sock, curve_client)
+    for endpoint in [bind] if isinstance(bind, str) else bind or []:
+        sock.bind(endpoint)
+    if connect:
         sock.connect(connect)
     return sock

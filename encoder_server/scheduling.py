@@ -29,6 +29,7 @@ class Job:
     is_tokenized: bool = False
     with_tokens: bool = False
     deadline: float = None  # wall-clock time after which nobody waits for the result
+    queued_at: float = None  # wall-clock time the ventilator admitted the request
     attempts: int = 0       # workers that died holding this job (stays in the ventilator)
 
 
@@ -99,6 +100,7 @@ class _WorkerLoad:
     priority_texts: int = 0
     texts: int = 0
     suspects: int = 0
+    encoded: int = 0  # texts it has finished
 
 
 @dataclass
@@ -109,7 +111,7 @@ class _Request:
 
 
 class Dispatcher:
-    def __init__(self, priority_batch_size=16, max_batch_size=256, prefetch_size=2):
+    def __init__(self, priority_batch_size=16, max_batch_size=256, prefetch_size=2, first_job_id=1):
         self.priority_batch_size = priority_batch_size
         self.max_batch_size = max_batch_size
         self.prefetch_size = prefetch_size
@@ -119,7 +121,7 @@ class Dispatcher:
         self._assigned = {}         # job_id -> (worker, job)
         self._requests = {}         # seq -> _Request, for requests in flight
         self._deadlines = []        # heap of (deadline, seq)
-        self._job_ids = itertools.count(1)
+        self._job_ids = itertools.count(first_job_id)
         self.pending_texts = 0      # texts of the requests in flight
         self.texts_encoded = 0
 
@@ -144,6 +146,7 @@ class Dispatcher:
         if job is None:
             return None
         self._load(worker, job, -1)
+        self._workers[worker].encoded += len(job.texts)
         self.texts_encoded += len(job.texts)
         request = self._requests.get(job.seq)
         if request is None:
@@ -272,6 +275,10 @@ class Dispatcher:
     @property
     def workers(self):
         return {worker.decode(errors="replace"): load.texts for worker, load in self._workers.items()}
+
+    @property
+    def worker_texts_encoded(self):
+        return {worker.decode(errors="replace"): load.encoded for worker, load in self._workers.items()}
 
     def queue_depths(self):
         return {"priority": len(self._priority), "bulk": len(self._bulk), "bulk_clients": self._bulk.clients}

@@ -2,7 +2,8 @@
 
 `encoder-server keygen` writes key pairs in zmq.auth's certificate format: NAME.key holds the
 public key, NAME.key_secret both keys. The server loads its secret file; clients are allowed
-when their public key file is in the --authorized-clients folder.
+when their public key file is in the --authorized-clients folder. The server's own key is always
+allowed: its local workers and its built-in HTTP gateway connect with it.
 """
 import os
 
@@ -26,12 +27,23 @@ def load_key_pair(secret_file):
     return public, secret
 
 
-def start_authenticator(context, authorized_clients):
-    """Check every CURVE client against the public keys in `authorized_clients`
+class _AllowedKeys:
+    """zmq.auth's CURVE callback: the keys of a folder of .key files plus the server's own."""
+
+    def __init__(self, folder, own_public):
+        self.allowed = {*zmq.auth.load_certificates(folder), own_public} if folder else None
+
+    def callback(self, domain, client_key):
+        return self.allowed is None or client_key in self.allowed
+
+
+def start_authenticator(context, authorized_clients, own_public):
+    """Check every CURVE client against the public keys in `authorized_clients` and our own
     (or accept any key, for encryption alone, when it is None)."""
     authenticator = ThreadAuthenticator(context)
     authenticator.start()
-    authenticator.configure_curve(domain="*", location=authorized_clients or zmq.auth.CURVE_ALLOW_ANY)
+    authenticator.configure_curve_callback(domain="*", credentials_provider=_AllowedKeys(authorized_clients,
+                                                                                           own_public))
     return authenticator
 
 
@@ -40,4 +52,19 @@ def curve_for(context, settings):
     public sockets; (None, None) when the server runs without --server-key."""
     if not settings.server_key:
         return None, None
-    return load_key_pair(settings.server_key), start_authenticator(context, settings.authorized_clients)
+    pair = load_key_pair(settings.server_key)
+    return pair, start_authenticator(context, settings.authorized_clients, pair[0])
+
+
+def own_client_keys(settings):
+    """(server public, public, secret) for the server's own processes to connect to its CURVE
+    sockets as a client, or None without --server-key."""
+    if not settings.server_key:
+        return None
+    public, secret = load_key_pair(settings.server_key)
+    return public, public, secret
+
+
+def workers_use_curve(settings):
+    """Worker sockets are encrypted when they are open to other hosts on a CURVE server."""
+    return bool(settings.server_key and settings.worker_port)

@@ -27,6 +27,7 @@ class PoolingSpec:
 @dataclass(frozen=True)
 class Settings:
     model: str
+    model_name: str           # the stable id clients see (HTTP's /v1/models)
     pooling: PoolingSpec
     pooling_source: str
     max_seq_len: int          # None: pad to the longest text of each batch
@@ -54,7 +55,20 @@ class Settings:
     max_request_mb: int = 128         # the largest message the request port accepts
     server_key: str = None            # the server's .key_secret file: CURVE on the public ports
     authorized_clients: str = None    # folder of client .key files allowed in; None admits any key
+    worker_port: int = None           # jobs port for workers on other hosts; results on the next one
+    http_port: int = None             # the built-in HTTP gateway's port; None: no gateway
+    http_host: str = None             # where the gateway listens (default: host)
+    api_key: str = None               # bearer key the HTTP embedding routes ask for
     verbose: bool = False
+
+    def listening(self):
+        """(host, port) of every port this server listens on."""
+        ports = [(self.host, self.port), (self.host, self.port_out)]
+        if self.worker_port:
+            ports += [(self.host, self.worker_port), (self.host, self.worker_port + 1)]
+        if self.http_port:
+            ports.append((self.http_host or self.host, self.http_port))
+        return ports
 
     def public_config(self):
         """What SHOW_CONFIG reveals: no file-system paths, no internal addresses."""
@@ -66,11 +80,15 @@ class Settings:
         config["normalize"] = self.pooling.normalize
         config["curve"] = self.server_key is not None
         config["clients_authenticated"] = self.authorized_clients is not None
-        del config["pooling"], config["host"], config["onnx_file"], config["server_key"], config["authorized_clients"]
+        for private in ("pooling", "host", "onnx_file", "server_key", "authorized_clients", "api_key", "http_host"):
+            del config[private]
         return config
 
 
-def resolve(model=None, pooling_strategy=None, pooling_layer=None, mask_cls_sep=False, normalize=None,
+BUNDLED_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+def resolve(model=None, model_name=None, pooling_strategy=None, pooling_layer=None, mask_cls_sep=False, normalize=None,
             max_seq_len="auto", num_worker=None, threads_per_worker=None, device="cpu", fp16=False,
             backend=None, quantize=None, max_batch_tokens=None, **rest):
     """Settings from user choices; every choice left as None takes the model folder's default."""
@@ -97,6 +115,7 @@ def resolve(model=None, pooling_strategy=None, pooling_layer=None, mask_cls_sep=
     _check_keys(rest.get("server_key"), rest.get("authorized_clients"))
     return Settings(
         model=str(info.path), pooling=pooling,
+        model_name=model_name or (os.path.basename(info.path) if model else BUNDLED_MODEL_NAME),
         pooling_source="sentence-transformers config" if from_st else "bert-as-service defaults",
         max_seq_len=seq_len, truncate_at=seq_len or info.max_positions, num_layers=info.num_layers,
         device=device, fp16=fp16, backend=backend, quantize=quantize, num_worker=num_worker,
@@ -147,6 +166,9 @@ def _check_sizes(**sizes):
                  "max_batch_tokens", "prefetch_size", "max_pending_texts", "max_request_mb"):
         if name in sizes and sizes[name] < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {sizes[name]}")
+    for name in ("worker_port", "http_port"):
+        if sizes.get(name) is not None and not 0 < sizes[name] < 65535:
+            raise ConfigError(f"--{name.replace('_', '-')} {sizes[name]} is not a usable port")
     if sizes.get("priority_batch_size", 16) > sizes.get("max_batch_size", 64):
         raise ConfigError("--priority-batch-size must not exceed --max-batch-size")
     if not 0 < sizes.get("min_quant_cosine", 0.99) <= 1:

@@ -1,6 +1,7 @@
 """The sink: reassembles each request from its parts and publishes it under the client's identity.
 
-Sockets: `collect` (PULL: parts from workers, registrations and replies from the ventilator),
+Sockets: `collect` (PULL: parts from workers, local or remote, registrations and replies from the
+ventilator),
 `publish` (XPUB, clients: it also tells us who subscribes), `feedback` (PUSH to the ventilator:
 one DONE per finished job, GONE for a request nobody has listened for in ABANDON_AFTER seconds).
 
@@ -16,7 +17,7 @@ from encoder_client.protocol import encode_error, encode_result
 from . import messages
 from .assembly import Assembler
 from .runtime import POLL_MS, make_socket, start_child
-from .security import curve_for
+from .security import curve_for, workers_use_curve
 from .subscriptions import Subscriptions
 
 ABANDON_AFTER = 15.0
@@ -32,7 +33,8 @@ class Sink:
         self.quiet_until = 0.0  # rate limit for the slow-reader warning
         context = zmq.Context.instance()
         curve, self.authenticator = curve_for(context, settings)
-        self.collect = make_socket(context, zmq.PULL, bind=addresses.sink)
+        self.collect = make_socket(context, zmq.PULL, bind=addresses.results_binds,
+                                   curve=workers_use_curve(settings) and curve)
         # XPUB_VERBOSER: every subscribe and unsubscribe, not just the first
         self.publish = make_socket(context, zmq.XPUB, bind=addresses.publish, hwm=PUBLISH_HWM, curve=curve,
                                    options={zmq.XPUB_VERBOSER: 1, zmq.XPUB_NODROP: 1})
@@ -62,7 +64,8 @@ class Sink:
         kind = frames[0].bytes
         if kind == messages.PART:
             header, array = messages.decode_part(frames[1].bytes, frames[2].buffer)
-            self.publish_result(self.assembler.add_part(header["seq"], header["offset"], array, header["tokens"]))
+            self.publish_result(self.assembler.add_part(header["seq"], header["offset"], array, header["tokens"],
+                                                        header.get("num_tokens", 0)))
             self.feedback.send_multipart(messages.number_frames(messages.DONE, header["job_id"]))
         elif kind == messages.REGISTER:
             self.publish_result(self.assembler.register(*messages.decode_register([frame.bytes for frame in frames])))
@@ -79,7 +82,7 @@ class Sink:
     def publish_result(self, completed):
         if completed is not None:
             self.deliver(completed.identity, encode_result(completed.identity, completed.req_id, completed.array,
-                                                           completed.tokens))
+                                                           completed.tokens, completed.num_tokens))
 
     def deliver(self, identity, frames, held=None):
         """Publish now if someone listens and has room; otherwise hold the reply for later."""

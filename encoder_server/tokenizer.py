@@ -23,4 +23,5 @@ class TextTokenizer:
         ids = encoded["input_ids"]
         tokens = [self._tokenizer.convert_ids_to_tokens(row) for row in ids] if job.with_tokens else None
         return TokenizedJob(job_id=job.job_id, seq=job.seq, offset=job.offset, priority=job.priority,
-                            ids=ids, special=encoded["special_tokens_mask"], tokens=tokens)
+                            ids=ids, special=encoded["special_tokens_mask"], tokens=tokens,
+                            queued_at=job.queued_at)

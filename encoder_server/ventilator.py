@@ -6,8 +6,14 @@ from the supervisor that reports worker exits.
 
 It watches workers' heartbeats: a worker silent for HEARTBEAT_LIVENESS intervals, or reported
 dead, is dropped, its jobs go to others, and a silent one is reported to the supervisor, which
-kills and replaces it. Requests past their deadline or abandoned by their client are cancelled.
+kills and replaces it. It sends every worker a heartbeat too, so a worker on another host that
+stops hearing from us connects again. Heartbeats carry the workers' metrics. Requests past their
+deadline or abandoned by their client are cancelled.
+
+Request and job numbers start at random, so parts computed for an earlier run of the server (a
+remote worker that outlived it) can never be taken for this run's.
 """
+import secrets
 import socket
 import time
 from collections import Counter
@@ -19,9 +25,10 @@ from encoder_client.protocol import BUSY, PROTOCOL_VERSION, ProtocolError, decod
 from . import __version__, messages
 from .assembly import Registration
 from .intake import is_loopback, parse_encode
+from .metrics import Metrics
 from .runtime import HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS, POLL_MS, make_socket, start_child
 from .scheduling import Dispatcher
-from .security import curve_for
+from .security import curve_for, own_client_keys, workers_use_curve
 
 
 class Ventilator:
@@ -30,10 +37,13 @@ class Ventilator:
         self.log = log
         self.supervisor = supervisor  # a multiprocessing Connection, or None
         self.dispatcher = Dispatcher(settings.priority_batch_size, settings.max_batch_size,
-                                     settings.prefetch_size)
-        self.next_seq = 1
+                                     settings.prefetch_size, first_job_id=_random_start())
+        self.next_seq = _random_start()
         self.started = time.monotonic()
         self.counters = Counter()
+        self.metrics = Metrics()
+        self.admitted = {}    # seq -> monotonic time, for requests in flight
+        self.next_beat = 0.0
         self.last_seen = {}   # worker identity -> monotonic time of its last message
         self.local_pids = {}  # pid -> identity, for workers on this host
         self.draining = False
@@ -41,10 +51,13 @@ class Ventilator:
         curve, self.authenticator = curve_for(context, settings)
         self.frontend = make_socket(context, zmq.PULL, bind=addresses.frontend, curve=curve,
                                     options={zmq.MAXMSGSIZE: settings.max_request_mb << 20})
-        self.backend = make_socket(context, zmq.ROUTER, bind=addresses.backend,
-                                   options={zmq.ROUTER_MANDATORY: 1})
+        internal_curve = workers_use_curve(settings)
+        # ROUTER_HANDOVER: a worker that connects again under its name replaces its old connection
+        self.backend = make_socket(context, zmq.ROUTER, bind=addresses.jobs_binds, curve=internal_curve and curve,
+                                   options={zmq.ROUTER_MANDATORY: 1, zmq.ROUTER_HANDOVER: 1})
         self.from_sink = make_socket(context, zmq.PULL, bind=addresses.feedback)
-        self.to_sink = make_socket(context, zmq.PUSH, connect=addresses.sink)
+        self.to_sink = make_socket(context, zmq.PUSH, connect=addresses.sink,
+                                   curve_client=internal_curve and own_client_keys(settings))
 
     def run(self, stop):
         poller = zmq.Poller()
@@ -72,6 +85,7 @@ class Ventilator:
             if self.supervisor is not None and self.supervisor.fileno() in events:
                 self.on_supervisor(poller, stop)
             self.check_workers()
+            self.send_heartbeats()
             for seq in self.dispatcher.expired(time.time()):
                 self.end_request(seq, "expired")
             self.dispatch()
@@ -128,7 +142,8 @@ class Ventilator:
             return self.refuse_busy(request, "server busy: the result queue is full; retry later")
         self.next_seq += 1
         deadline = time.time() + request.timeout_s if request.timeout_s else None
-        self.dispatcher.submit(seq, request.identity, request.texts, deadline=deadline,
+        self.admitted[seq] = time.monotonic()
+        self.dispatcher.submit(seq, request.identity, request.texts, deadline=deadline, queued_at=time.time(),
                                is_tokenized=request.is_tokenized, with_tokens=request.with_tokens)
         self.log.debug("request %d: %d texts from %r", seq, len(request.texts), request.identity)
 
@@ -140,6 +155,7 @@ class Ventilator:
         """Stop a request early (expired, abandoned or failed): drop its queued jobs, and have the
         sink forget it and, with `error`, tell its client why."""
         skipped = self.dispatcher.cancel(seq)
+        self.admitted.pop(seq, None)
         if skipped is None:
             return
         self.counters[f"requests_{outcome}"] += 1
@@ -152,11 +168,15 @@ class Ventilator:
     def on_worker(self, frames):
         worker, kind = frames[0], frames[1]
         if kind == messages.READY:
+            if worker in self.last_seen:  # it lost touch with us and connected again
+                self.lose_worker(worker, "connected again")
             self.add_worker(worker, messages.decode_ready(frames[1:]))
         elif worker not in self.last_seen:
             return  # a worker already given up for dead
         self.last_seen[worker] = time.monotonic()
-        if kind == messages.DROPPED:
+        if kind == messages.HEARTBEAT:
+            self.metrics.add(messages.decode_heartbeat(frames[1:]))
+        elif kind == messages.DROPPED:
             job = self.dispatcher.job_dropped(int(frames[2]))
             if job is not None:
                 self.counters["texts_expired"] += len(job.texts)
@@ -164,7 +184,7 @@ class Ventilator:
 
     def add_worker(self, worker, info):
         self.dispatcher.add_worker(worker)
-        if info.get("host") == socket.gethostname():
+        if not info.get("remote") and info.get("host") == socket.gethostname():
             self.local_pids[info["pid"]] = worker
         self.log.info("%s ready (%d of %d)", worker.decode(errors="replace"), len(self.dispatcher.workers),
                       self.settings.num_worker)
@@ -175,6 +195,16 @@ class Ventilator:
             pid = self.lose_worker(worker, "stopped sending heartbeats")
             if pid is not None and self.supervisor is not None:
                 self.supervisor.send(("silent", pid))
+
+    def send_heartbeats(self):
+        if time.monotonic() < self.next_beat:
+            return
+        self.next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+        for worker in list(self.last_seen):
+            try:
+                self.backend.send_multipart([worker, messages.HEARTBEAT], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                self.lose_worker(worker, "cannot be reached")
 
     def on_supervisor(self, poller, stop):
         try:
@@ -208,8 +238,11 @@ class Ventilator:
     def on_feedback(self, frames):
         if frames[0] == messages.GONE:
             self.end_request(int(frames[1]), "abandoned")
-        elif self.dispatcher.job_done(int(frames[1])) is not None:
+            return
+        seq = self.dispatcher.job_done(int(frames[1]))
+        if seq is not None:
             self.counters["requests_served"] += 1
+            self.metrics.observe("request_seconds", time.monotonic() - self.admitted.pop(seq))
 
     def dispatch(self):
         for worker, job in self.dispatcher.assignments():
@@ -250,6 +283,7 @@ class Ventilator:
             "workers_expected": self.settings.num_worker,
             "workers_busy": sum(1 for texts in workers.values() if texts),
             "worker_busy_texts": workers,
+            "worker_texts_encoded": self.dispatcher.worker_texts_encoded,
             "worker_restarts": self.counters["worker_restarts"],
             "jobs_redispatched": self.counters["jobs_redispatched"],
             "queue_depth": {**self.dispatcher.queue_depths(), "pending_texts": self.dispatcher.pending_texts,
@@ -264,7 +298,12 @@ class Ventilator:
             "draining": self.draining,
             "uptime_s": round(time.monotonic() - self.started, 3),
             "server_version": __version__,
+            "metrics": self.metrics.snapshot(),
         }
+
+
+def _random_start():
+    return secrets.randbelow(2 ** 40) + 1
 
 
 def _peer_address(frame):

@@ -1,0 +1,198 @@
+"""AsyncEncoderClient: the asyncio client, on zmq.asyncio.
+
+Many `encode` calls may run at once on one client: each request waits on a future of its own,
+which one reader task resolves by request id. The errors and timeouts are the sync client's.
+"""
+import asyncio
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from .errors import ConnectionLostError, ServerBusyError, reply_error
+from .keys import apply_curve, as_identity, curve_keys
+from .protocol import decode_reply, encode_request
+from .request import CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, prepare_encode, retry_pause
+
+AUTH_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+LISTEN_QUEUE = 1000  # results a slow `listen()` loop may fall behind by before the oldest are dropped
+
+
+@dataclass(frozen=True)
+class EncodeResult:
+    embeddings: np.ndarray
+    num_tokens: int        # tokens the server computed, [CLS]/[SEP] included, after truncation
+    tokens: list = None    # WordPiece tokens per text, when asked for with show_tokens
+
+
+class AsyncEncoderClient:
+    """Client of an encoder-server for asyncio code.
+
+    ``async with AsyncEncoderClient(...) as client: vectors = await client.encode(texts)``.
+    `timeout` (seconds, None waits forever) bounds every wait on the server and travels with each
+    request as its deadline; connecting gives up after `timeout` or 10 s. Keys as EncoderClient.
+    """
+
+    def __init__(self, host="localhost", port=5555, port_out=5556, identity=None, timeout=None,
+                 server_key=None, client_key=None):
+        self.identity = as_identity(identity)
+        self.timeout = timeout
+        self.address = f"tcp://{host}:{port}"
+        self._curve = curve_keys(server_key, client_key)
+        self._context = zmq.asyncio.Context.instance()
+        self._sender = self._socket(zmq.PUSH, f"tcp://{host}:{port}")
+        self._receiver = self._socket(zmq.SUB, f"tcp://{host}:{port_out}")
+        self._receiver.setsockopt(zmq.SUBSCRIBE, self.identity)
+        self._monitor = self._receiver.get_monitor_socket(zmq.EVENT_DISCONNECTED | AUTH_FAILED)
+        self._next_req_id = secrets.randbelow(2 ** 40) + 1
+        self._waiting = {}      # req_id -> future of its Reply
+        self._listeners = set()
+        self._tasks = []
+        self._max_request_bytes = None
+        self._closed = False
+
+    async def connect(self):
+        """Start reading and wait until the server answers on our subscription (no early reply is
+        lost); raises TimeoutError when no server answers in time."""
+        if not self._tasks:
+            self._tasks = [asyncio.ensure_future(self._read_replies()),
+                           asyncio.ensure_future(self._watch_connection())]
+        timeout = CONNECT_TIMEOUT if self.timeout is None else self.timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            try:
+                config = await self._command(b"SHOW_CONFIG", min(HANDSHAKE_INTERVAL, deadline - loop.time()))
+            except (TimeoutError, ConnectionLostError):
+                continue
+            self._max_request_bytes = max_request_bytes(config)
+            return self
+        raise TimeoutError(f"no answer from an encoder-server at {self.address} within {timeout:g}s; "
+                           "is it running, and are port and port_out right?")
+
+    async def encode(self, texts, *, is_tokenized=False, show_tokens=False, retries=0):
+        """Embed `texts`: an array with one row per text, or (array, tokens) with show_tokens."""
+        result = await self.encode_result(texts, is_tokenized=is_tokenized, show_tokens=show_tokens,
+                                          retries=retries)
+        return (result.embeddings, result.tokens) if show_tokens else result.embeddings
+
+    async def encode_result(self, texts, *, is_tokenized=False, show_tokens=False, retries=0):
+        """Embed `texts`; an EncodeResult with the server's token count. `retries` as EncoderClient."""
+        request = prepare_encode(texts, is_tokenized, show_tokens, self.timeout, self._max_request_bytes)
+        for attempt in range(retries + 1):
+            try:
+                reply = await self._request(*request)
+                return EncodeResult(reply.array, reply.num_tokens, reply.tokens)
+            except (TimeoutError, ConnectionLostError, ServerBusyError):
+                if attempt == retries:
+                    raise
+                await asyncio.sleep(retry_pause(attempt))
+
+    async def listen(self):
+        """Yield (req_id, embeddings) for every result published to this identity, from any sender."""
+        queue = asyncio.Queue(LISTEN_QUEUE)
+        self._listeners.add(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._listeners.discard(queue)
+
+    async def server_config(self):
+        return await self._command(b"SHOW_CONFIG")
+
+    async def server_status(self):
+        return await self._command(b"SHOW_STATUS")
+
+    async def shutdown_server(self):
+        """Ask the server to finish in-flight requests and stop; honoured only from loopback."""
+        return await self._command(b"TERMINATION")
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(ConnectionLostError("the client was closed"))
+        self._receiver.disable_monitor()
+        for sock in (self._monitor, self._sender, self._receiver):
+            sock.close(linger=0)
+
+    async def __aenter__(self):
+        try:
+            return await self.connect()
+        except BaseException:
+            self.close()
+            raise
+
+    async def __aexit__(self, *exc):
+        self.close()
+
+    # ----- internals -----
+
+    def _socket(self, kind, address):
+        sock = self._context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        apply_curve(sock, self._curve)
+        sock.connect(address)
+        return sock
+
+    async def _command(self, command, timeout=None):
+        return (await self._request(command, 0, None, timeout)).data
+
+    async def _request(self, payload, msg_len, options, timeout=None):
+        """Send one request and wait for its reply (an error reply raises)."""
+        if self._closed:
+            raise ConnectionLostError("the client is closed")
+        if not self._tasks:
+            await self.connect()
+        timeout = self.timeout if timeout is None else timeout
+        req_id = self._next_req_id
+        self._next_req_id += 1
+        future = self._waiting[req_id] = asyncio.get_running_loop().create_future()
+        try:
+            frames = encode_request(self.identity, req_id, payload, msg_len, options)
+            await asyncio.wait_for(self._sender.send_multipart(frames), timeout)
+            reply = await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no reply from the encoder-server at {self.address} within {timeout}s") from None
+        finally:
+            self._waiting.pop(req_id, None)  # a late reply is then discarded
+        if reply.error is not None:
+            raise reply_error(reply)
+        return reply
+
+    async def _read_replies(self):
+        while True:
+            frames = await self._receiver.recv_multipart()
+            if frames[0] != self.identity:
+                continue  # SUB matches by prefix; we want our identity exactly
+            reply = decode_reply(frames)
+            future = self._waiting.get(reply.req_id)
+            if future is not None and not future.done():
+                future.set_result(reply)
+            if reply.array is not None:
+                for queue in self._listeners:
+                    if queue.full():
+                        queue.get_nowait()
+                    queue.put_nowait((reply.req_id, reply.array))
+
+    async def _watch_connection(self):
+        """A broken connection fails every request in flight at once; a refused key, every one."""
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+            if event & AUTH_FAILED:
+                error = PermissionError(f"the encoder-server at {self.address} refused this client's "
+                                        "CURVE key (or the server key is wrong)")
+            else:
+                error = ConnectionLostError(f"the connection to the encoder-server at {self.address} broke "
+                                            "with requests in flight; their replies may never come")
+            for future in self._waiting.values():
+                if not future.done():
+                    future.set_exception(error)

@@ -1,0 +1,30 @@
+"""What both clients send, and how they pace retries and the connection handshake. Pure: no sockets."""
+import json
+
+from .validation import check_texts
+
+CONNECT_TIMEOUT = 10.0     # the handshake's limit when the client's timeout is None
+HANDSHAKE_INTERVAL = 0.25  # a SHOW_CONFIG is re-sent this often until the server answers
+RETRY_PAUSE = (0.1, 2.0)   # first and longest pause between resends
+
+
+def prepare_encode(texts, is_tokenized=False, show_tokens=False, timeout=None, max_request_bytes=None):
+    """(payload, msg_len, options) of an encode request; raises TypeError/ValueError for bad input."""
+    check_texts(texts, is_tokenized)
+    payload = json.dumps(texts).encode()
+    if max_request_bytes and len(payload) > max_request_bytes:
+        raise ValueError(f"the request is {len(payload) >> 20} MB, above the server's limit of "
+                         f"{max_request_bytes >> 20} MB (--max-request-mb); split it")
+    options = {"is_tokenized": is_tokenized, "show_tokens": show_tokens}
+    if timeout is not None:
+        options["timeout_ms"] = timeout * 1000
+    return payload, len(texts), options
+
+
+def max_request_bytes(config):
+    """The request size limit a server announces in SHOW_CONFIG, in bytes (None: unknown)."""
+    return config["max_request_mb"] << 20 if config.get("max_request_mb") else None
+
+
+def retry_pause(attempt):
+    return min(RETRY_PAUSE[0] * 2 ** attempt, RETRY_PAUSE[1])
