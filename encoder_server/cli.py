@@ -1,4 +1,5 @@
-"""The `encoder-server` command: start, stop, status and keygen."""
+"""The `encoder-server` command: start, stop, status, keygen, http (a gateway to a running server)
+and worker (workers on another host that join a running server)."""
 import argparse
 import json
 import socket
@@ -37,6 +38,20 @@ def start(args):
     log.info("%d worker(s) on %s, %d thread(s) each", settings.num_worker, settings.device,
              settings.threads_per_worker)
     return Supervisor(settings).serve()
+
+
+def http(args):
+    from .gateway import serve_http
+
+    return serve_http(args.http_host, args.http_port, args.connect, args.port, args.port_out,
+                      server_key=args.server_key, client_key=args.client_key, api_key=args.api_key,
+                      verbose=args.verbose)
+
+
+def worker(args):
+    from .remote_worker import join_server
+
+    return join_server(args)
 
 
 def _client(args):
@@ -94,7 +109,7 @@ def _max_seq_len(value):
 def _parser():
     parser = argparse.ArgumentParser(prog="encoder-server", description="Sentence embeddings over ZeroMQ.")
     parser.add_argument("--version", action="version", version=__version__)
-    commands = parser.add_subparsers(required=True, metavar="{start,stop,status,keygen}")
+    commands = parser.add_subparsers(required=True, metavar="{start,stop,status,keygen,http,worker}")
 
     run = commands.add_parser("start", help="start a server in the foreground",
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -164,6 +179,15 @@ def _parser():
                               "both ports")
     network.add_argument("--authorized-clients", default=None,
                          help="folder of client .key files; with it, only those clients may connect")
+    network.add_argument("--worker-port", type=int, default=None,
+                         help="accept workers from other hosts (`encoder-server worker`): jobs on this port, "
+                              "results on the next one")
+    network.add_argument("--http-port", type=int, default=None, help="also serve the HTTP gateway on this port")
+    network.add_argument("--http-host", default=None, help="address for the HTTP gateway (default: --host)")
+    network.add_argument("--api-key", default=None, help="bearer key that HTTP embedding requests must carry")
+    model.add_argument("--model-name", default=None,
+                       help="the model's id for HTTP clients (default: all-MiniLM-L6-v2 for the bundled "
+                            "model, else the folder's name)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
 
     for name, handler, summary, timeout in (("stop", stop, "stop a running server gracefully", 30.0),
@@ -171,11 +195,32 @@ def _parser():
         command = commands.add_parser(name, help=summary, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         command.set_defaults(run=handler)
         command.add_argument("--host", default="localhost", help="server address")
-        command.add_argument("--port", type=int, default=5555, help="server's request port")
-        command.add_argument("--port-out", type=int, default=5556, help="server's result port")
-        command.add_argument("--timeout", type=float, default=timeout, help="seconds to wait for the server")
-        command.add_argument("--server-key", default=None, help="the server's public .key file, when it uses CURVE")
-        command.add_argument("--client-key", default=None, help="this client's .key_secret file, when it uses CURVE")
+        _add_server_address(command, timeout)
+
+    gateway = commands.add_parser("http", help="serve the HTTP gateway (OpenAI and bert-as-service APIs, metrics, "
+                                  "status page) for a running server",
+                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    gateway.set_defaults(run=http)
+    gateway.add_argument("--connect", default="localhost", help="the server's address")
+    _add_server_address(gateway, 30.0)
+    gateway.add_argument("--http-host", default="127.0.0.1", help="address to listen on")
+    gateway.add_argument("--http-port", type=int, default=8080, help="port to listen on")
+    gateway.add_argument("--api-key", default=None, help="bearer key that embedding requests must carry")
+    gateway.add_argument("--verbose", action="store_true", help="debug logging")
+
+    workers = commands.add_parser("worker", help="run workers on this host for a running server (started with "
+                                  "--worker-port)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    workers.set_defaults(run=worker)
+    workers.add_argument("--connect", required=True, help="the server's address")
+    _add_server_address(workers, 30.0)
+    workers.add_argument("--model", dest="model_dir", default=None,
+                         help="this host's copy of the served model (default: the bundled all-MiniLM-L6-v2)")
+    workers.add_argument("--num-worker", type=int, default=None, help="worker processes (default: one per core)")
+    workers.add_argument("--threads-per-worker", type=int, default=None, help="intra-op threads per worker lane")
+    workers.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where these workers run")
+    workers.add_argument("--backend", choices=("onnx", "torch"), default=None,
+                         help="inference engine (default: the server's, or torch on cuda)")
+    workers.add_argument("--verbose", action="store_true", help="debug logging")
 
     keys = commands.add_parser("keygen", help="write a CURVE key pair (NAME.key and NAME.key_secret)",
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -183,6 +228,14 @@ def _parser():
     keys.add_argument("directory", help="folder to write the keys to")
     keys.add_argument("--name", default="server", help="file name of the pair")
     return parser
+
+
+def _add_server_address(command, timeout):
+    command.add_argument("--port", type=int, default=5555, help="server's request port")
+    command.add_argument("--port-out", type=int, default=5556, help="server's result port")
+    command.add_argument("--timeout", type=float, default=timeout, help="seconds to wait for the server")
+    command.add_argument("--server-key", default=None, help="the server's public .key file, when it uses CURVE")
+    command.add_argument("--client-key", default=None, help="this client's .key_secret file, when it uses CURVE")
 
 
 if __name__ == "__main__":
