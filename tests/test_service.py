@@ -226,3 +226,27 @@ def test_passes_shared_across_clients_return_every_row_to_its_request(tmp_path, 
         results = encode_concurrently(server, corpora, rounds=3)
     for index, texts in enumerate(corpora):
         np.testing.assert_allclose(results[index], reference_embeddings(tiny_model, texts), atol=2e-5)
+
+
+def test_show_progress_pipelines_sub_requests_under_a_bar(tiny_server, tiny_model, capsys):
+    texts = random_texts(2500, seed=21)  # three sub-requests of at most 1024 texts
+    with tiny_server.client() as client:
+        plain = client.encode(texts)
+        served_before = client.server_status["requests"]["served"]
+        with_bar = client.encode(texts, show_progress=True)
+        served_after = client.server_status["requests"]["served"]
+    np.testing.assert_allclose(with_bar, plain, atol=1e-5)  # rows may share passes differently
+    assert served_after - served_before == 3
+    assert "2500/2500" in capsys.readouterr().err
+
+
+def test_status_metrics_move_with_traffic(tiny_server):
+    with tiny_server.client() as client:
+        before = client.server_status["metrics"]
+        client.encode(random_texts(200, seed=22))
+        time.sleep(1.5)  # workers report with their next heartbeat
+        after = client.server_status["metrics"]
+    for name in ("queue_seconds", "inference_seconds", "request_seconds", "batch_rows"):
+        assert after["histograms"][name]["count"] > before["histograms"][name]["count"], name
+    assert after["tokens"]["real"] - before["tokens"]["real"] >= 200 * 3
+    assert 0 < after["tokens"]["real"] <= after["tokens"]["padded"]
