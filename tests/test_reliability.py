@@ -197,6 +197,36 @@ def test_curve_admits_authorized_clients_only(tiny_model, tmp_path, keys):
         assert _status(server)["ready"]
 
 
+def test_curve_server_key_admits_its_own_workers_and_gateway(tiny_model, tmp_path, keys):
+    """With worker ports open, local workers and the built-in gateway connect with the server's
+    own key, which --authorized-clients need not list."""
+    import httpx
+
+    alice = {"server_key": str(keys / "server" / "server.key"),
+             "client_key": str(keys / "authorized" / "alice.key_secret")}
+    http_port = free_port()
+    with running_server(tiny_model, "--server-key", str(keys / "server" / "server.key_secret"),
+                        "--authorized-clients", str(keys / "authorized"), "--worker-port", str(free_port()),
+                        "--http-port", str(http_port), "--num-worker", "2", tmp_path=tmp_path,
+                        client_keys=alice) as server:
+        texts = random_texts(40, seed=3)
+        with server.client(timeout=20) as client:
+            expected = client.encode(texts)
+        wait_for(lambda: _http_ready(http_port), timeout=30)
+        reply = httpx.post(f"http://127.0.0.1:{http_port}/encode", json={"id": 7, "texts": texts}, timeout=30)
+        assert reply.status_code == 200, reply.text
+        np.testing.assert_allclose(np.array(reply.json()["result"], dtype=np.float32), expected, atol=1e-6)
+
+
+def _http_ready(port):
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def test_oversized_request_is_refused_and_costs_the_server_nothing(tiny_model, tmp_path):
     with running_server(tiny_model, "--max-request-mb", "1", tmp_path=tmp_path) as server:
         with server.client(timeout=10) as client:
