@@ -278,9 +278,10 @@ class Ventilator:
     def status(self):
         workers = self.dispatcher.workers
         return {
-            "ready": len(workers) >= self.settings.num_worker and not self.draining,
+            "ready": len(self.local_pids) >= self.settings.num_worker and not self.draining,
             "workers_alive": len(workers),
             "workers_expected": self.settings.num_worker,
+            "workers_remote": len(workers) - len(self.local_pids),
             "workers_busy": sum(1 for texts in workers.values() if texts),
             "worker_busy_texts": workers,
             "worker_texts_encoded": self.dispatcher.worker_texts_encoded,
