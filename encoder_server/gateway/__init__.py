@@ -1,0 +1,55 @@
+"""HTTP gateway to an encoder-server: OpenAI-compatible /v1/embeddings, bert-as-service's
+/encode, Prometheus /metrics, /health, /ready and a live status page at /."""
+import contextlib
+import signal
+import threading
+
+from .app import create_app
+
+REQUEST_TIMEOUT = 60.0  # seconds the gateway waits on the server for any one request
+
+
+def serve_http(http_host, http_port, server_host, port, port_out, *, server_key=None, client_key=None,
+               api_key=None, verbose=False, timeout=REQUEST_TIMEOUT):
+    """Serve the gateway with uvicorn until SIGTERM/SIGINT; returns the exit code."""
+    import uvicorn
+    from prometheus_client import disable_created_metrics
+
+    from encoder_client import AsyncEncoderClient
+    from encoder_server.runtime import configure_logging
+
+    configure_logging("gateway", verbose)
+    disable_created_metrics()  # no *_created series: they only add noise to /metrics
+
+    def make_client():
+        return AsyncEncoderClient(server_host, port, port_out, timeout=timeout, server_key=server_key,
+                                  client_key=client_key)
+
+    config = uvicorn.Config(create_app(make_client, api_key=api_key), host=http_host, port=http_port,
+                            log_level="debug" if verbose else "info", access_log=verbose, log_config=None,
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    try:
+        with _signals_absorbed():
+            server.run()
+    except SystemExit as exit_:  # uvicorn exits when it cannot bind
+        return exit_.code if isinstance(exit_.code, int) else 1
+    return 0 if server.started else 1
+
+
+@contextlib.contextmanager
+def _signals_absorbed():
+    """After its graceful shutdown uvicorn raises again the signal that stopped it, under the
+    handler it found; a no-op handler there lets serve_http return its exit code instead."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, lambda *_: None) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+__all__ = ["serve_http", "create_app"]

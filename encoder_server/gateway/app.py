@@ -1,0 +1,53 @@
+"""The FastAPI application: one link to the encoder-server, shared by every route."""
+import asyncio
+import contextlib
+import logging
+
+from fastapi import FastAPI
+
+from encoder_server import __version__
+
+from .auth import bearer_check
+from .bert_routes import bert_router
+from .errors import install_handlers
+from .link import ServerLink
+from .metrics import GatewayMetrics, HttpMetricsMiddleware
+from .openai_routes import openai_router
+from .ops_routes import ops_router
+
+log = logging.getLogger("gateway")
+
+
+def create_app(client_or_factory, *, api_key=None):
+    """The gateway app over an AsyncEncoderClient, or a callable that makes one (called once, at
+    start-up, inside the event loop). With `api_key`, /v1 and /encode need `Authorization: Bearer KEY`."""
+    link = ServerLink(client_or_factory)
+    metrics = GatewayMetrics(link)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        task = asyncio.create_task(link.run())
+        task.add_done_callback(_report_crash)
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            link.close()
+
+    app = FastAPI(title="encoder-server HTTP gateway", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)  # the docs pages load scripts from a CDN
+    app.state.link = link
+    check_key = bearer_check(api_key)
+    app.include_router(openai_router(link, check_key))
+    app.include_router(bert_router(link, check_key))
+    app.include_router(ops_router(link, metrics))
+    install_handlers(app)
+    app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
+    return app
+
+
+def _report_crash(task):
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the link to the encoder-server failed", exc_info=task.exception())

@@ -1,0 +1,37 @@
+"""POST /encode, as bert-as-service's HTTP server: {"id", "texts", "is_tokenized"} -> {"id", "result", "status"}."""
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from encoder_client.validation import check_texts
+
+from .errors import GatewayError
+
+
+def bert_router(link, check_key):
+    router = APIRouter(dependencies=[Depends(check_key)])
+
+    @router.post("/encode")
+    async def encode(request: Request):
+        body = await _json_object(request)
+        request.state.encode_id = body.get("id")  # echoed in an error body too
+        texts, is_tokenized = body.get("texts"), body.get("is_tokenized", False)
+        if not isinstance(is_tokenized, bool):
+            raise GatewayError(400, "is_tokenized must be true or false")
+        try:
+            check_texts(texts, is_tokenized)
+        except (TypeError, ValueError) as error:
+            raise GatewayError(400, str(error)) from None
+        result = await link.encode(texts, is_tokenized)
+        return JSONResponse({"id": body.get("id"), "result": result.embeddings.tolist(), "status": 200})
+
+    return router
+
+
+async def _json_object(request):
+    try:
+        body = await request.json()
+    except ValueError:
+        raise GatewayError(400, "the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, 'the body must be a JSON object: {"id": ..., "texts": [...]}')
+    return body

@@ -1,0 +1,118 @@
+"""The gateway's one link to the encoder-server: it connects (retrying until the server answers),
+polls the server's status every second, keeps recent samples, and gates and sends encode requests."""
+import asyncio
+import logging
+import time
+from collections import deque
+
+from .errors import CLIENT_ERRORS, GatewayError, from_client_error
+
+log = logging.getLogger("gateway")
+POLL_INTERVAL = 1.0
+STATUS_TIMEOUT = 3.0   # a status poll that takes longer counts as failed
+STALE_AFTER = 5.0      # the server is "not answering" when no poll succeeded for this long
+SAMPLES_KEPT_S = 65.0  # status samples kept for rates and recent latency
+
+
+class ServerLink:
+    def __init__(self, client_or_factory):
+        self._client_or_factory = client_or_factory
+        self.client = None       # the AsyncEncoderClient, once connected
+        self.config = {}         # the server's SHOW_CONFIG
+        self.samples = deque()   # (monotonic time, status) of successful polls
+        self.polled_at = None    # monotonic time of the last successful poll
+        self.error = "not connected to the encoder-server yet"
+        self.created = int(time.time())
+
+    # ----- background task -----
+
+    async def run(self):
+        """Connect, then poll the status until cancelled."""
+        client = self._client_or_factory if hasattr(self._client_or_factory, "encode") \
+            else self._client_or_factory()
+        await self._connect(client)
+        while True:
+            await self.poll()
+            await asyncio.sleep(POLL_INTERVAL)
+
+    async def _connect(self, client):
+        while True:
+            try:
+                await client.connect()
+                self.config = await asyncio.wait_for(client.server_config(), STATUS_TIMEOUT)
+                break
+            except (*CLIENT_ERRORS, asyncio.TimeoutError) as error:
+                self.error = str(error)
+                log.warning("%s; retrying", self.error)
+        self.client = client
+        log.info("connected to the encoder-server at %s (model %s)", client.address, self.model)
+
+    async def poll(self):
+        try:
+            status = await asyncio.wait_for(self.client.server_status(), STATUS_TIMEOUT)
+        except (*CLIENT_ERRORS, asyncio.TimeoutError) as error:
+            self.error = f"the encoder-server is not answering: {error or 'no status reply'}"
+            return
+        now = time.monotonic()
+        if self.status and status.get("uptime_s", 0) < self.status.get("uptime_s", 0):
+            self.samples.clear()  # the server restarted: its counters began again
+            await self._refresh_config()
+        self.samples.append((now, status))
+        while now - self.samples[0][0] > SAMPLES_KEPT_S:
+            self.samples.popleft()
+        self.polled_at, self.error = now, None
+
+    async def _refresh_config(self):
+        try:
+            self.config = await asyncio.wait_for(self.client.server_config(), STATUS_TIMEOUT)
+        except (*CLIENT_ERRORS, asyncio.TimeoutError):
+            pass  # the next restart check, or the next gateway start, will fetch it
+
+    def close(self):
+        if self.client is not None:
+            self.client.close()
+
+    # ----- what the routes read -----
+
+    @property
+    def status(self):
+        """The latest status, or None while the server does not answer."""
+        return self.samples[-1][1] if self.samples and self.reachable else None
+
+    @property
+    def reachable(self):
+        return self.polled_at is not None and time.monotonic() - self.polled_at < STALE_AFTER
+
+    @property
+    def model(self):
+        return self.config.get("model_name") or self.config.get("model")
+
+    def unavailable(self):
+        """Why encode requests cannot be served now (None when they can)."""
+        if self.client is None or not self.reachable:
+            return self.error or "the encoder-server is not answering"
+        status = self.status
+        if status.get("draining"):
+            return "the encoder-server is shutting down"
+        if not status.get("workers_alive"):
+            return (f"no worker of the encoder-server is alive (0 of {status.get('workers_expected')}); "
+                    "they are being restarted, retry shortly")
+        return None
+
+    def not_ready(self):
+        """Why /ready says no (None when ready)."""
+        reason = self.unavailable()
+        if reason is None and not self.status.get("ready"):
+            reason = (f"{self.status.get('workers_alive')} of {self.status.get('workers_expected')} "
+                      "workers alive")
+        return reason
+
+    async def encode(self, texts, is_tokenized=False):
+        """The server's EncodeResult for `texts`; a GatewayError when it cannot be had."""
+        reason = self.unavailable()
+        if reason is not None:
+            raise GatewayError(503, reason, code="server_unavailable", headers={"Retry-After": "1"})
+        try:
+            return await self.client.encode_result(texts, is_tokenized=is_tokenized)
+        except CLIENT_ERRORS as error:
+            raise from_client_error(error) from None

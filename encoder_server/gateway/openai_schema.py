@@ -1,0 +1,90 @@
+"""OpenAI's embeddings API: the request body, its checks, and the response built from the rows."""
+import base64
+from typing import Any, Literal, Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from .errors import GatewayError
+
+OWNER = "encoder-server"
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+    input: Any
+    model: str
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = None
+    user: Optional[str] = None  # accepted and ignored, as the API allows
+
+
+def texts_from_input(value):
+    """The list of texts in `input`; a 400 naming the problem for anything else."""
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list):
+        raise _bad_input(f"input must be a string or a list of strings, got {type(value).__name__}")
+    if not texts:
+        raise _bad_input("input must not be an empty list")
+    if all(isinstance(item, int) for item in texts) or any(isinstance(item, list) for item in texts):
+        raise _bad_input("token-id arrays are not supported by this server: send input as a string "
+                         "or a list of strings")
+    for index, text in enumerate(texts):
+        where = "input" if isinstance(value, str) else f"input[{index}]"
+        if not isinstance(text, str):
+            raise _bad_input(f"{where} must be a string, got {type(text).__name__}")
+        if not text.strip():
+            raise _bad_input(f"{where} is an empty or whitespace-only string")
+    return texts
+
+
+def check_dimensions(dimensions, width=None):
+    """A 400 unless 1 <= dimensions <= width (the model's embedding size, once known)."""
+    if dimensions is None:
+        return
+    if dimensions < 1 or (width is not None and dimensions > width):
+        upper = f" and {width}" if width is not None else ""
+        raise GatewayError(400, f"dimensions must be between 1{upper}, got {dimensions}", param="dimensions")
+
+
+def shorten(rows, dimensions):
+    """Keep the first `dimensions` values of each row, then scale each row back to unit length."""
+    if dimensions is None:
+        return rows
+    check_dimensions(dimensions, rows.shape[1])
+    rows = rows[:, :dimensions]
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return (rows / np.where(norms > 0, norms, 1)).astype(np.float32)
+
+
+def embedding_response(rows, model, num_tokens, encoding_format="float"):
+    encode = _as_base64 if encoding_format == "base64" else _as_floats
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": index, "embedding": encode(row)} for index, row in enumerate(rows)],
+        "model": model,
+        "usage": {"prompt_tokens": num_tokens or 0, "total_tokens": num_tokens or 0},
+    }
+
+
+def model_card(model, created):
+    return {"id": model, "object": "model", "created": created, "owned_by": OWNER}
+
+
+def model_not_found(model):
+    return GatewayError(404, f"The model `{model}` does not exist; this server serves only its own model "
+                             "(see GET /v1/models)", param="model", code="model_not_found")
+
+
+def _as_floats(row):
+    return row.tolist()
+
+
+def _as_base64(row):
+    """Little-endian float32 bytes, base64: what the openai SDK decodes."""
+    return base64.b64encode(row.astype("<f4").tobytes()).decode("ascii")
+
+
+def _bad_input(message):
+    return GatewayError(400, message, param="input")
