@@ -20,7 +20,7 @@ def main(argv=None):
     except ConfigError as error:
         print(f"encoder-server: error: {error}", file=sys.stderr)
         return 2
-    except TimeoutError as error:
+    except (TimeoutError, PermissionError) as error:
         print(f"encoder-server: {error}", file=sys.stderr)
         return 1
 
