@@ -357,3 +357,23 @@ def test_curve_worker_ports_admit_authorized_workers_only(tiny_model, tmp_path, 
         wait_for(lambda: status(server)["workers_alive"] == 1, timeout=15)
         with server.client() as authorized:  # the server keeps serving on its own
             assert np.allclose(authorized.encode(texts), reference, atol=1e-5)
+
+
+def test_remote_worker_joins_again_after_the_server_restarts(tiny_model, tmp_path_factory, on_veth, remote_worker):
+    """The worker stops hearing the ventilator's heartbeats, connects again and says READY anew."""
+    ports, port = (free_port(), free_port()), worker_port()
+    texts = random_texts(500, seed=44, min_words=3, max_words=40)
+    with running_server(tiny_model, *server_flags(on_veth, port), tmp_path=tmp_path_factory.mktemp("r"),
+                        ports=ports) as first:
+        with first.client() as client:
+            reference = client.encode(texts)
+        worker = remote_worker(first)
+        wait_joined(first, worker)
+    with running_server(tiny_model, *server_flags(on_veth, port), tmp_path=tmp_path_factory.mktemp("r"),
+                        ports=ports) as second:
+        name, state = wait_joined(second, worker)
+        assert state["workers_alive"] == 2, state
+        with second.client() as client:
+            assert np.allclose(client.encode(texts), reference, atol=1e-5)
+        assert status(second)["worker_texts_encoded"].get(name, 0) > 0, worker.log
+    assert "connecting again" in worker.log, worker.log
