@@ -117,23 +117,23 @@ class EncoderClient:
         (at the back of the line) while `retries` last."""
         check_texts(texts, is_tokenized)
         pieces = chunks(texts, min(PROGRESS_CHUNK, self._max_pending_texts or PROGRESS_CHUNK))
-        results, attempts, in_flight = [None] * len(pieces), [0] * len(pieces), deque()
-        send = lambda index: in_flight.append((index, self._submit(pieces[index], is_tokenized, show_tokens)))  # noqa: E731
+        results, attempts = [None] * len(pieces), [0] * len(pieces)
+        unsent, in_flight = deque(range(len(pieces))), deque()
         with progress_bar(len(texts)) as bar:
-            for index in range(len(pieces)):
-                send(index)
-                while len(in_flight) >= max_in_flight or (index == len(pieces) - 1 and in_flight):
-                    index_done, req_id = in_flight.popleft()
-                    try:
-                        results[index_done] = self._result(*self._wait(req_id))
-                    except (TimeoutError, ConnectionLostError, ServerBusyError):
-                        if attempts[index_done] == retries:
-                            raise
-                        time.sleep(retry_pause(attempts[index_done]))
-                        attempts[index_done] += 1
-                        send(index_done)
-                        continue
-                    bar.update(len(pieces[index_done]))
+            while unsent or in_flight:
+                while unsent and len(in_flight) < max_in_flight:
+                    index = unsent.popleft()
+                    in_flight.append((index, self._submit(pieces[index], is_tokenized, show_tokens)))
+                index, req_id = in_flight.popleft()
+                try:
+                    results[index] = self._result(*self._wait(req_id))
+                    bar.update(len(pieces[index]))
+                except (TimeoutError, ConnectionLostError, ServerBusyError):
+                    if attempts[index] == retries:
+                        raise
+                    time.sleep(retry_pause(attempts[index]))
+                    attempts[index] += 1
+                    unsent.append(index)
         if show_tokens:
             return _concatenate([r[0] for r in results], self.output_fmt), [t for r in results for t in r[1]]
         return _concatenate(results, self.output_fmt)

@@ -64,7 +64,7 @@ class Worker:
                 if time.monotonic() >= next_beat and not self.stalled():
                     jobs.send_multipart(messages.heartbeat_frames(self.metrics.take()))
                     next_beat = time.monotonic() + HEARTBEAT_INTERVAL
-                if time.monotonic() - heard > HEARTBEAT_INTERVAL * HEARTBEAT_LIVENESS:
+                if time.monotonic() - heard > HEARTBEAT_INTERVAL * HEARTBEAT_LIVENESS and not self.stalled():
                     self.log.warning("no heartbeat from the ventilator in %.0fs; connecting again",
                                      time.monotonic() - heard)
                     jobs.close(linger=0)

@@ -250,3 +250,17 @@ def test_status_metrics_move_with_traffic(tiny_server):
         assert after["histograms"][name]["count"] > before["histograms"][name]["count"], name
     assert after["tokens"]["real"] - before["tokens"]["real"] >= 200 * 3
     assert 0 < after["tokens"]["real"] <= after["tokens"]["padded"]
+
+
+def test_show_progress_splits_a_list_above_the_pending_limit_and_retries_busy_pieces(tmp_path, tiny_model):
+    texts = random_texts(5000, seed=23)
+    with running_server(tiny_model, "--num-worker", "1", "--max-pending-texts", "1500", tmp_path=tmp_path) as server:
+        with server.client() as client:
+            with pytest.raises(ServerError, match="split the request"):
+                client.encode(texts)
+            result = client.encode(texts, show_progress=True, retries=30)
+            busy = client.server_status["requests"]["busy"]
+    assert busy > 0  # four 1024-text pieces do not fit under 1500: some were refused and sent again
+    np.testing.assert_allclose(result[:50], reference_embeddings(tiny_model, texts[:50]), atol=1e-5)
+    np.testing.assert_allclose(result[-50:], reference_embeddings(tiny_model, texts[-50:]), atol=1e-5)
+    assert result.shape == (5000, 32)
