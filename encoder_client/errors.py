@@ -2,11 +2,13 @@ from .protocol import BUSY
 
 
 class ServerError(RuntimeError):
-    """The server refused a request and said why."""
+    """The server refused a request and said why; `code` is the kind of refusal (protocol.ERROR_CODES,
+    or None)."""
 
-    def __init__(self, message, req_id=None):
+    def __init__(self, message, req_id=None, code=None):
         super().__init__(message)
         self.req_id = req_id
+        self.code = code
 
 
 class ServerBusyError(ServerError):
@@ -18,6 +20,10 @@ class ConnectionLostError(ConnectionError):
     come (the server restarted, or the network failed); sending it again is safe."""
 
 
+class RequestTooLargeError(ValueError):
+    """The request is larger than the server accepts (--max-request-mb); it was not sent. Split it."""
+
+
 def reply_error(reply):
     """The exception for an error reply (busy or refused)."""
-    return (ServerBusyError if reply.code == BUSY else ServerError)(reply.error, reply.req_id)
+    return (ServerBusyError if reply.code == BUSY else ServerError)(reply.error, reply.req_id, reply.code)

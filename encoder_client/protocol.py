@@ -7,8 +7,8 @@ It keeps bert-as-service's frames so its published client works unchanged:
 - result: ``[identity, header, body, req_id]`` with ``header = {"dtype", "shape", "tokens",
   "num_tokens"}`` (``num_tokens``, ours: the request's token count after truncation, special tokens
   included) and ``body`` the raw array bytes;
-- error: ``[identity, {"error": message, "code": code}, b"", req_id]``, where ``code`` is
-  ``"busy"`` when the server is full (retry later; HTTP's 429) and absent otherwise;
+- error: ``[identity, {"error": message, "code": code}, b"", req_id]``, where ``code`` (ours, may
+  be absent) says what kind of refusal it is, one of ERROR_CODES;
 - reply to a command: ``[identity, json, req_id]``.
 """
 import json
@@ -20,16 +20,24 @@ PROTOCOL_VERSION = 1
 COMMANDS = (b"SHOW_CONFIG", b"SHOW_STATUS", b"TERMINATION")
 MAX_IDENTITY_BYTES = 256
 UNKNOWN_REQ_ID = -1
-BUSY = "busy"
+
+# what an error reply's "code" says, and what a client may do about it
+BUSY = "busy"                # the server is full: retry later (HTTP's 429)
+TOO_LARGE = "too_large"      # more texts than the server ever holds at once: split the request (413)
+BAD_REQUEST = "bad_request"  # malformed frames or invalid texts: resending the same fails again (400)
+DRAINING = "draining"        # the server is shutting down: retry against its successor (503)
+FORBIDDEN = "forbidden"      # a command this peer may not send (403)
+ERROR_CODES = (BUSY, TOO_LARGE, BAD_REQUEST, DRAINING, FORBIDDEN)
 
 
 class ProtocolError(ValueError):
     """A frame set that does not follow the protocol; `identity` is set when it could be read."""
 
-    def __init__(self, message, identity=None, req_id=UNKNOWN_REQ_ID):
+    def __init__(self, message, identity=None, req_id=UNKNOWN_REQ_ID, code=BAD_REQUEST):
         super().__init__(message)
         self.identity = identity
         self.req_id = req_id
+        self.code = code
 
 
 @dataclass(frozen=True)

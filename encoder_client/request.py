@@ -1,6 +1,7 @@
 """What both clients send, and how they pace retries and the connection handshake. Pure: no sockets."""
 import json
 
+from .errors import RequestTooLargeError
 from .validation import check_texts
 
 CONNECT_TIMEOUT = 10.0     # the handshake's limit when the client's timeout is None
@@ -9,11 +10,12 @@ RETRY_PAUSE = (0.1, 2.0)   # first and longest pause between resends
 
 
 def prepare_encode(texts, is_tokenized=False, show_tokens=False, timeout=None, max_request_bytes=None):
-    """(payload, msg_len, options) of an encode request; raises TypeError/ValueError for bad input."""
+    """(payload, msg_len, options) of an encode request; raises TypeError/ValueError for bad input,
+    RequestTooLargeError (a ValueError) above the server's size limit."""
     check_texts(texts, is_tokenized)
     payload = json.dumps(texts).encode()
     if max_request_bytes and len(payload) > max_request_bytes:
-        raise ValueError(f"the request is {len(payload) >> 20} MB, above the server's limit of "
+        raise RequestTooLargeError(f"the request is {len(payload) >> 20} MB, above the server's limit of "
                          f"{max_request_bytes >> 20} MB (--max-request-mb); split it")
     options = {"is_tokenized": is_tokenized, "show_tokens": show_tokens}
     if timeout is not None:

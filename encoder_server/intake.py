@@ -5,7 +5,7 @@ Anything wrong raises ProtocolError with a message for the client.
 import ipaddress
 from dataclasses import dataclass
 
-from encoder_client.protocol import ProtocolError, decode_texts
+from encoder_client.protocol import TOO_LARGE, ProtocolError, decode_texts
 from encoder_client.validation import check_texts, looks_tokenized
 
 
@@ -23,7 +23,7 @@ def parse_encode(request, show_tokens_allowed, max_texts=None):
     texts = decode_texts(request)
     if max_texts is not None and isinstance(texts, list) and len(texts) > max_texts:
         raise ProtocolError(f"{len(texts)} texts in one request is above the server's limit of {max_texts} "
-                            "(--max-pending-texts); split the request", request.identity, request.req_id)
+                            "(--max-pending-texts); split the request", request.identity, request.req_id, TOO_LARGE)
     is_tokenized = request.options.get("is_tokenized", looks_tokenized(texts))
     try:
         check_texts(texts, is_tokenized)

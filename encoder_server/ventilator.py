@@ -20,7 +20,8 @@ from collections import Counter
 
 import zmq
 
-from encoder_client.protocol import BUSY, PROTOCOL_VERSION, ProtocolError, decode_request, encode_data, encode_error
+from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, PROTOCOL_VERSION, ProtocolError, decode_request,
+                                     encode_data, encode_error)
 
 from . import __version__, messages
 from .assembly import Registration
@@ -106,14 +107,14 @@ class Ventilator:
             if request.command:
                 self.on_command(request, peer)
             elif self.draining:
-                self.reply_error(request.identity, request.req_id, "the server is shutting down")
+                self.reply_error(request.identity, request.req_id, "the server is shutting down", DRAINING)
             else:
                 self.admit(parse_encode(request, self.settings.show_tokens_to_client,
                                         self.settings.max_pending_texts))
         except ProtocolError as error:
             self.log.warning("bad request from %s: %s", peer or "?", error)
             if error.identity is not None:
-                self.reply_error(error.identity, error.req_id, f"bad request: {error}")
+                self.reply_error(error.identity, error.req_id, f"bad request: {error}", error.code)
 
     def on_command(self, request, peer):
         if request.command == b"SHOW_CONFIG":
@@ -123,7 +124,7 @@ class Ventilator:
         elif not (is_loopback(peer) or self.settings.authorized_clients):
             self.log.warning("refused TERMINATION from non-loopback peer %s", peer)
             self.reply_error(request.identity, request.req_id,
-                             "TERMINATION is accepted only from loopback or an authorized client key")
+                             "TERMINATION is accepted only from loopback or an authorized client key", FORBIDDEN)
         else:
             self.log.info("TERMINATION received from %s", peer)
             self.publish(encode_data(request.identity, request.req_id, {"terminating": True}))

@@ -248,6 +248,28 @@ def test_slow_server_gives_504(small, tmp_path):
         assert time.monotonic() - started < 2.5
 
 
+def test_a_draining_server_gives_503_and_still_answers_what_it_admitted(tiny_model, tmp_path):
+    with running_server(tiny_model, "--num-worker", "1", tmp_path=tmp_path, env={"ENCODER_SERVER_FAULTS": "1"}) as server:
+        with running_gateway(server.port, server.port_out, tmp_path) as gateway:
+            gateway.wait_status("/ready", 200)
+            model = gateway.get("/v1/models").json()["data"][0]["id"]
+            held = {}
+            sender = threading.Thread(target=lambda: held.update(response=gateway.post(
+                "/v1/embeddings", {"model": model, "input": ["!sleep 3", "cat"]})))
+            sender.start()
+            wait_for(lambda: gateway.get("/status.json").json()["status"]["in_flight_requests"] == 1, timeout=10)
+            server.process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 3
+            while (refused := gateway.post("/v1/embeddings", {"model": model, "input": TEXTS})).status_code == 200:
+                assert time.monotonic() < deadline, "new requests were still served while draining"
+                time.sleep(0.05)
+            sender.join(30)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "server_unavailable"
+    assert "shutting down" in refused.json()["error"]["message"]
+    assert held["response"].status_code == 200 and len(held["response"].json()["data"]) == 2
+
+
 def test_unreachable_server_gives_503_and_sigterm_still_stops_promptly(tmp_path):
     with running_gateway(free_port(), free_port(), tmp_path) as gateway:
         assert gateway.get("/health").status_code == 200

@@ -4,8 +4,11 @@ import json
 import numpy as np
 import pytest
 
+from encoder_client import RequestTooLargeError, ServerBusyError, ServerError
+from encoder_client.errors import reply_error
 from encoder_client.protocol import (ProtocolError, Request, decode_reply, decode_request, decode_texts,
                                      encode_data, encode_error, encode_request, encode_result)
+from encoder_client.request import prepare_encode
 from encoder_client.validation import check_texts, looks_tokenized
 from encoder_server.intake import is_loopback, parse_encode
 
@@ -319,6 +322,28 @@ def test_busy_error_carries_its_code_and_plain_errors_none():
     plain = decode_reply(wire(encode_error(b"c", 5, "bad request")))
     assert (busy.error, busy.code) == ("server busy", "busy")
     assert (plain.error, plain.code) == ("bad request", None)
+
+
+@pytest.mark.parametrize("code, kind", [("busy", ServerBusyError), ("too_large", ServerError),
+                                        ("draining", ServerError), (None, ServerError)])
+def test_error_replies_become_exceptions_that_keep_their_code(code, kind):
+    error = reply_error(decode_reply(wire(encode_error(b"c", 6, "no", code=code))))
+    assert type(error) is kind and error.code == code and error.req_id == 6 and str(error) == "no"
+
+
+def test_parse_errors_say_bad_request_and_too_many_texts_say_too_large():
+    with pytest.raises(ProtocolError) as bad:
+        parse_encode(request_for(["ok", ""]), show_tokens_allowed=False)
+    assert bad.value.code == "bad_request"
+    with pytest.raises(ProtocolError) as large:
+        parse_encode(request_for(["a", "b", "c"]), show_tokens_allowed=False, max_texts=2)
+    assert large.value.code == "too_large"
+
+
+def test_a_request_above_the_size_limit_is_refused_before_sending():
+    with pytest.raises(RequestTooLargeError, match="above the server's limit of 1 MB"):
+        prepare_encode(["x" * (1 << 20)], max_request_bytes=1 << 20)
+    assert issubclass(RequestTooLargeError, ValueError)  # callers catching ValueError still do
 
 
 def test_parse_encode_reads_the_timeout_and_limits_the_size():

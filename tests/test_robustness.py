@@ -50,7 +50,9 @@ def test_hostile_frames_get_error_replies_and_others_never_notice(tiny_server):
         while receiver.poll(5000) and len(errors) < len(cases):
             frames = receiver.recv_multipart()
             assert frames[0] == identity
-            errors.append(json.loads(frames[1])["error"])
+            reply = json.loads(frames[1])
+            assert reply["code"] == "bad_request", reply
+            errors.append(reply["error"])
         rest = list(stream)
         big_text = bystander.encode(["the cat " * 25000])  # a 200 kB text is truncated, not refused
         assert bystander.server_status["workers_alive"] == 2

@@ -256,8 +256,9 @@ def test_show_progress_splits_a_list_above_the_pending_limit_and_retries_busy_pi
     texts = random_texts(5000, seed=23)
     with running_server(tiny_model, "--num-worker", "1", "--max-pending-texts", "1500", tmp_path=tmp_path) as server:
         with server.client() as client:
-            with pytest.raises(ServerError, match="split the request"):
+            with pytest.raises(ServerError, match="split the request") as refused:
                 client.encode(texts)
+            assert refused.value.code == "too_large"
             result = client.encode(texts, show_progress=True, retries=30)
             busy = client.server_status["requests"]["busy"]
     assert busy > 0  # four 1024-text pieces do not fit under 1500: some were refused and sent again

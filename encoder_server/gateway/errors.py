@@ -5,7 +5,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from encoder_client import ConnectionLostError, ServerBusyError, ServerError
+from encoder_client import ConnectionLostError, RequestTooLargeError, ServerBusyError, ServerError
+from encoder_client.protocol import BAD_REQUEST, DRAINING, TOO_LARGE
 
 RETRY_AFTER_S = "1"
 
@@ -26,8 +27,10 @@ def from_client_error(error):
     if isinstance(error, ServerBusyError):
         return GatewayError(429, message, code="server_busy", kind="rate_limit_error",
                             headers={"Retry-After": RETRY_AFTER_S})
+    if isinstance(error, RequestTooLargeError):
+        return GatewayError(413, message, param="input", code="request_too_large")
     if isinstance(error, (TypeError, ValueError)):
-        return GatewayError(413 if "split" in message else 400, message, param="input")
+        return GatewayError(400, message, param="input")
     if isinstance(error, TimeoutError):
         return GatewayError(504, message, code="timeout")
     if isinstance(error, PermissionError):  # the server refused the gateway's CURVE key
@@ -35,16 +38,18 @@ def from_client_error(error):
     if isinstance(error, ConnectionLostError):
         return GatewayError(503, message, code="connection_lost", headers={"Retry-After": RETRY_AFTER_S})
     if isinstance(error, ServerError):
-        return _from_server_refusal(message)
+        return _from_server_refusal(error)
     raise error
 
 
-def _from_server_refusal(message):
-    if "split the request" in message:  # more texts than --max-pending-texts: never admissible
+def _from_server_refusal(error):
+    """By the refusal's code: the server's wording is for people, not for this mapping."""
+    message = str(error)
+    if error.code == TOO_LARGE:  # more texts than --max-pending-texts: never admissible
         return GatewayError(413, message, param="input", code="request_too_large")
-    if "shutting down" in message:
-        return GatewayError(503, message, code="server_draining", headers={"Retry-After": RETRY_AFTER_S})
-    if message.startswith("bad request"):
+    if error.code == DRAINING:  # as when the status poll saw the drain first (ServerLink.unavailable)
+        return GatewayError(503, message, code="server_unavailable", headers={"Retry-After": RETRY_AFTER_S})
+    if error.code == BAD_REQUEST:
         return GatewayError(400, message, param="input")
     return GatewayError(500, message)
 
