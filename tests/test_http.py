@@ -1,6 +1,8 @@
 """The HTTP gateway, all real processes: an encoder-server, the gateway in front of it (serve_http in
 a subprocess), and real HTTP clients: the official openai SDK, httpx, and headless Chromium."""
 import base64
+import http.client
+import json
 import os
 import re
 import shutil
@@ -9,6 +11,7 @@ import subprocess
 import threading
 import time
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -42,14 +45,14 @@ def sdk(gateway):
 
 @pytest.fixture(scope="module")
 def small(tiny_model, tmp_path_factory):
-    """One worker, at most 50 pending texts, test faults on; the gateway starts before the server,
-    so it must keep trying to connect until the server comes."""
+    """One worker, at most 50 pending texts, requests of at most 1 MB, test faults on; the gateway
+    starts before the server, so it must keep trying to connect until the server comes."""
     tmp_path = tmp_path_factory.mktemp("small")
     port, port_out = free_port(), free_port()
     with running_gateway(port, port_out, tmp_path) as gateway:
         assert gateway.get("/ready").status_code == 503
-        with running_server(tiny_model, "--num-worker", "1", "--max-pending-texts", "50", tmp_path=tmp_path,
-                            ports=(port, port_out), env={"ENCODER_SERVER_FAULTS": "1"}) as server:
+        with running_server(tiny_model, "--num-worker", "1", "--max-pending-texts", "50", "--max-request-mb", "1",
+                            tmp_path=tmp_path, ports=(port, port_out), env={"ENCODER_SERVER_FAULTS": "1"}) as server:
             gateway.wait_status("/ready", 200)
             yield server, gateway
 
@@ -214,6 +217,37 @@ def test_busy_server_gives_429_and_the_admitted_request_succeeds(small):
     assert len(sdk.embeddings.create(model=model, input=random_texts(20, seed=4)).data) == 20  # room again
     too_many = gateway.post("/v1/embeddings", {"model": model, "input": random_texts(60, seed=5)})
     assert too_many.status_code == 413 and "split" in too_many.json()["error"]["message"]
+
+
+def test_a_body_above_the_servers_limit_is_refused_unread(small):
+    server, gateway = small
+    model = gateway.get("/v1/models").json()["data"][0]["id"]
+    # declared too large: the answer comes before a byte of the body is sent
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+    connection.putrequest("POST", "/v1/embeddings")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(3 << 20))
+    connection.endheaders()
+    response = connection.getresponse()
+    error = json.loads(response.read())["error"]
+    connection.close()
+    assert response.status == 413 and error["code"] == "request_too_large", error
+    assert "3 MB" in error["message"] and "limit of 1 MB" in error["message"]
+
+    # sent in chunks, with no size declared: refused once it passes the limit
+    def chunks():
+        yield b'{"model": "%s", "input": ["' % model.encode()
+        for _ in range(64):
+            yield b"word " * 10_000
+        yield b'"]}'
+
+    chunked = httpx.post(f"{gateway.url}/v1/embeddings", content=chunks(),
+                         headers={"Content-Type": "application/json"}, timeout=30)
+    assert chunked.status_code == 413 and "more than 1 MB" in chunked.json()["error"]["message"]
+    refused = gateway.post("/encode", {"id": 5, "texts": ["word " * 300_000]})
+    assert refused.status_code == 413 and refused.json()["id"] is None and "1 MB" in refused.json()["error"]
+    assert gateway.post("/v1/embeddings", {"model": model, "input": ["word " * 1000]}).status_code == 200
+    assert gateway.get("/health").status_code == 200
 
 
 def test_ready_and_embeddings_turn_503_while_no_worker_is_alive(small):

@@ -9,6 +9,7 @@ from encoder_server import __version__
 
 from .auth import bearer_check
 from .bert_routes import bert_router
+from .body_limit import BodyLimitMiddleware
 from .errors import install_handlers
 from .link import ServerLink
 from .metrics import GatewayMetrics, HttpMetricsMiddleware
@@ -44,7 +45,8 @@ def create_app(client_or_factory, *, api_key=None):
     app.include_router(bert_router(link, check_key))
     app.include_router(ops_router(link, metrics))
     install_handlers(app)
-    app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
+    app.add_middleware(BodyLimitMiddleware, limit=lambda: link.max_request_bytes)
+    app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # the outermost: it counts the 413s too
     return app
 
 

@@ -5,6 +5,9 @@ import logging
 import time
 from collections import deque
 
+from encoder_client.request import max_request_bytes
+from encoder_server.settings import Settings
+
 from .errors import CLIENT_ERRORS, GatewayError, from_client_error
 
 log = logging.getLogger("gateway")
@@ -86,6 +89,11 @@ class ServerLink:
     @property
     def model(self):
         return self.config.get("model_name") or self.config.get("model")
+
+    @property
+    def max_request_bytes(self):
+        """The largest request the server takes (its default until it has said)."""
+        return max_request_bytes(self.config) or Settings.max_request_mb << 20
 
     def unavailable(self):
         """Why encode requests cannot be served now (None when they can)."""

@@ -1,0 +1,65 @@
+"""A cap on HTTP request bodies: a body larger than the server would take is refused with 413 before
+it is parsed, and one that declares its size (Content-Length) before it is even read."""
+from starlette.requests import Request
+
+from .errors import GatewayError, render
+
+
+class BodyLimitMiddleware:
+    """ASGI middleware; `limit()` gives the largest body accepted, in bytes, at each request."""
+
+    def __init__(self, app, limit):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        limit = self.limit()
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            return await _refuse(scope, receive, send, declared, limit)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left; nobody to answer
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return await _refuse(scope, receive, send, size, limit, read_so_far=True)
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+
+def _content_length(scope):
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None  # the server itself rejects a malformed length
+    return None
+
+
+def _replay(body, receive):
+    """A `receive` that hands the app the body already read, then passes on what comes next."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _refuse(scope, receive, send, size, limit, read_so_far=False):
+    amount = f"more than {limit >> 20} MB" if read_so_far else f"{size / (1 << 20):.0f} MB"
+    error = GatewayError(413, f"the request body is {amount}, above the server's limit of {limit >> 20} MB "
+                              "(--max-request-mb); split the input", param="input", code="request_too_large",
+                         headers={"Connection": "close"})
+    await render(Request(scope), error)(scope, receive, send)
