@@ -45,7 +45,7 @@ def http(args):
 
     return serve_http(args.http_host, args.http_port, args.connect, args.port, args.port_out,
                       server_key=args.server_key, client_key=args.client_key, api_key=args.api_key,
-                      verbose=args.verbose)
+                      verbose=args.verbose, timeout=args.timeout)
 
 
 def worker(args):
@@ -202,7 +202,7 @@ def _parser():
                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     gateway.set_defaults(run=http)
     gateway.add_argument("--connect", default="localhost", help="the server's address")
-    _add_server_address(gateway, 30.0)
+    _add_server_address(gateway, 60.0, "seconds the gateway waits on the server for any one request (504 after)")
     gateway.add_argument("--http-host", default="127.0.0.1", help="address to listen on")
     gateway.add_argument("--http-port", type=int, default=8080, help="port to listen on")
     gateway.add_argument("--api-key", default=None, help="bearer key that embedding requests must carry")
@@ -230,10 +230,10 @@ def _parser():
     return parser
 
 
-def _add_server_address(command, timeout):
+def _add_server_address(command, timeout, timeout_help="seconds to wait for the server"):
     command.add_argument("--port", type=int, default=5555, help="server's request port")
     command.add_argument("--port-out", type=int, default=5556, help="server's result port")
-    command.add_argument("--timeout", type=float, default=timeout, help="seconds to wait for the server")
+    command.add_argument("--timeout", type=float, default=timeout, help=timeout_help)
     command.add_argument("--server-key", default=None, help="the server's public .key file, when it uses CURVE")
     command.add_argument("--client-key", default=None, help="this client's .key_secret file, when it uses CURVE")
 

@@ -1,5 +1,5 @@
-"""The HTTP gateway as a real process, for tests: start it in front of a server's ports, wait until
-it answers, and stop it with SIGTERM, checking that it exits promptly and cleanly."""
+"""The HTTP gateway as a real process, for tests: `encoder-server http` in front of a server's ports,
+waited for until it answers, and stopped with SIGTERM, checking that it exits promptly and cleanly."""
 import signal
 import subprocess
 import sys
@@ -51,17 +51,15 @@ class Gateway:
 
 
 @contextmanager
-def running_gateway(port, port_out, tmp_path, **options):
-    """serve_http in a subprocess, in front of the server's `port` and `port_out`; `options` are
-    serve_http's keyword arguments. Yields once /health answers; stops it on exit."""
+def running_gateway(port, port_out, tmp_path, *flags):
+    """`encoder-server http` in front of the server's `port` and `port_out`, with more `flags`
+    (--api-key, --timeout). Yields once /health answers; stops it on exit."""
     http_port = free_port()
-    call = (f"serve_http('127.0.0.1', {http_port}, '127.0.0.1', {port}, {port_out}, "
-            + "".join(f"{key}={value!r}, " for key, value in options.items()) + ")")
+    command = [sys.executable, "-m", "encoder_server.cli", "http", "--connect", "127.0.0.1", "--port", str(port),
+               "--port-out", str(port_out), "--http-host", "127.0.0.1", "--http-port", str(http_port), *flags]
     log_path = tmp_path / f"gateway-{http_port}.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-c", f"import sys; from encoder_server.gateway import serve_http; "
-                                                          f"sys.exit({call})"],
-                                   stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     gateway = Gateway(process, http_port, log_path)
     try:
         _wait_alive(gateway)

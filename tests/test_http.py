@@ -1,5 +1,5 @@
-"""The HTTP gateway, all real processes: an encoder-server, the gateway in front of it (serve_http in
-a subprocess), and real HTTP clients: the official openai SDK, httpx, and headless Chromium."""
+"""The HTTP gateway, all real processes: an encoder-server, the gateway in front of it (`encoder-server
+http`), and real HTTP clients: the official openai SDK, httpx and headless Chromium."""
 import base64
 import http.client
 import json
@@ -126,7 +126,7 @@ def test_bad_embedding_requests_get_openai_errors(gateway, model_id, body, param
 
 
 def test_api_key_guards_v1_and_encode_only(tiny_server, model_id, tmp_path):
-    with running_gateway(tiny_server.port, tiny_server.port_out, tmp_path, api_key=API_KEY) as gateway:
+    with running_gateway(tiny_server.port, tiny_server.port_out, tmp_path, "--api-key", API_KEY) as gateway:
         gateway.wait_status("/ready", 200)
         good = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=API_KEY, max_retries=0)
         assert len(good.embeddings.create(model=model_id, input=TEXTS).data) == len(TEXTS)
@@ -273,7 +273,7 @@ def test_ready_and_embeddings_turn_503_while_no_worker_is_alive(small):
 
 def test_slow_server_gives_504(small, tmp_path):
     server, _ = small
-    with running_gateway(server.port, server.port_out, tmp_path, timeout=1.0) as gateway:
+    with running_gateway(server.port, server.port_out, tmp_path, "--timeout", "1") as gateway:
         gateway.wait_status("/ready", 200)
         model = gateway.get("/v1/models").json()["data"][0]["id"]
         started = time.monotonic()
