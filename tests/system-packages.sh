@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Debian packages that the tests drive for real: headless Chromium (the status page), tesseract
-# (reads the page's screenshot) and iproute2 (network namespaces for the remote-worker test).
+# (reads the page's screenshot), iproute2 (network namespaces for the remote-worker test) and curl
+# (the README's HTTP examples).
 set -euo pipefail
 needed=()
 command -v chromium >/dev/null || needed+=(chromium fonts-dejavu-core)
 command -v tesseract >/dev/null || needed+=(tesseract-ocr)
 command -v ip >/dev/null || needed+=(iproute2)
+command -v curl >/dev/null || needed+=(curl)
 if ((${#needed[@]})); then
   sudo=$([ "$(id -u)" = 0 ] || echo sudo)
   $sudo apt-get update -q

@@ -1,5 +1,5 @@
 """The HTTP gateway, all real processes: an encoder-server, the gateway in front of it (`encoder-server
-http`), and real HTTP clients: the official openai SDK, httpx and headless Chromium."""
+http`), and real HTTP clients: the official openai SDK, httpx, curl and headless Chromium."""
 import base64
 import http.client
 import json
@@ -10,6 +10,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -314,6 +315,25 @@ def test_unreachable_server_gives_503_and_sigterm_still_stops_promptly(tmp_path)
         started = time.monotonic()
         assert gateway.stop() == 0
         assert time.monotonic() - started < 5
+
+
+def test_the_readmes_curl_examples_work_as_written(gateway, model_id):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    lines = re.findall(r"^curl -s localhost:8080\S*.*?(?<!\\)$", readme.replace("\\\n", " "), re.M)
+    assert len(lines) == 3, lines
+    outputs = []
+    for line in lines:
+        # the tiny test model: another id, and 32 dimensions, fewer than the 64 the README asks for
+        line = (line.replace("localhost:8080", f"127.0.0.1:{gateway.port}").replace("all-MiniLM-L6-v2", model_id)
+                .replace('"dimensions": 64', '"dimensions": 16'))
+        finished = subprocess.run(["bash", "-c", f"set -o pipefail; {line}"], capture_output=True, text=True,
+                                  timeout=30)
+        assert finished.returncode == 0 and finished.stdout, (line, finished.stderr)
+        outputs.append(finished.stdout)
+    embedding = json.loads(outputs[0])["data"][0]["embedding"]
+    assert len(embedding) == 16 and abs(np.linalg.norm(embedding) - 1) < 1e-5
+    assert json.loads(outputs[1])["status"] == 200
+    assert 'encoder_requests_total{outcome="served"}' in outputs[2]
 
 
 # ----- the status page, rendered by a real browser -----
