@@ -128,9 +128,9 @@ def running_server(model_dir, *flags, tmp_path, ports=None, env=None, client_key
 def assert_no_leftovers(server):
     """No child process of the server's group and no ipc folder remain."""
     deadline = time.monotonic() + 10
-    while _group_alive(server.process.pid) and time.monotonic() < deadline:
+    while group_alive(server.process.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _group_alive(server.process.pid), "server processes outlived the stop"
+    assert not group_alive(server.process.pid), "server processes outlived the stop"
     # onnxruntime itself keeps a small session-id file (.ses) in TMPDIR; everything else is ours
     assert [p for p in Path(server.tmpdir).iterdir() if p.name != ".ses"] == [], "ipc files left behind"
 
@@ -142,7 +142,7 @@ def wait_for(condition, timeout=60):
         time.sleep(0.05)
 
 
-def _group_alive(pgid):
+def group_alive(pgid):
     try:
         os.killpg(pgid, 0)
         return True

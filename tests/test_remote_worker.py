@@ -20,7 +20,7 @@ import pytest
 import zmq
 import zmq.auth
 
-from conftest import RunningServer, free_port, random_texts, running_server, wait_for
+from conftest import RunningServer, free_port, group_alive, random_texts, running_server, wait_for
 from encoder_client import EncoderClient
 from encoder_server import messages
 
@@ -155,18 +155,10 @@ def remote_worker(netns, tiny_model, tmp_path):
         for worker in started:
             worker.kill()
         deadline = time.monotonic() + 10  # killed children linger as zombies until they are reaped
-        while any(_group_alive(worker.process.pid) for worker in started) and time.monotonic() < deadline:
+        while any(group_alive(worker.process.pid) for worker in started) and time.monotonic() < deadline:
             time.sleep(0.1)
         for worker in started:
-            assert not _group_alive(worker.process.pid), f"remote worker outlived its kill:\n{worker.log}"
-
-
-def _group_alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+            assert not group_alive(worker.process.pid), f"remote worker outlived its kill:\n{worker.log}"
 
 
 # ----- helpers -----
