@@ -155,6 +155,9 @@ def test_bert_style_encode(gateway, tiny_server):
         expected = client.encode(words, is_tokenized=True)
     tokenized = gateway.post("/encode", {"id": 8, "texts": words, "is_tokenized": True}).json()
     np.testing.assert_allclose(np.array(tokenized["result"]), expected, atol=1e-6)
+    for odd_id in (2 ** 70, {"batch": [1, "a"]}, None):  # any JSON id comes back as sent
+        echoed = gateway.post("/encode", {"id": odd_id, "texts": TEXTS[:1]}).json()
+        assert echoed["id"] == odd_id and len(echoed["result"]) == 1
 
     for texts, words in ((["ok", ""], "texts[1]"), ("not a list", "must be a list"), ([], "empty")):
         response = gateway.post("/encode", {"id": 9, "texts": texts})

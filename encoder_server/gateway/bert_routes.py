@@ -1,9 +1,9 @@
 """POST /encode, as bert-as-service's HTTP server: {"id", "texts", "is_tokenized"} -> {"id", "result", "status"}."""
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
 
 from encoder_client.validation import check_texts
 
+from .array_json import ArrayJSONResponse
 from .errors import GatewayError
 
 
@@ -22,7 +22,7 @@ def bert_router(link, check_key):
         except (TypeError, ValueError) as error:
             raise GatewayError(400, str(error)) from None
         result = await link.encode(texts, is_tokenized)
-        return JSONResponse({"id": body.get("id"), "result": result.embeddings.tolist(), "status": 200})
+        return ArrayJSONResponse({"id": body.get("id"), "result": result.embeddings, "status": 200})
 
     return router
 

@@ -1,7 +1,7 @@
 """/v1: OpenAI's embeddings and models endpoints."""
 from fastapi import APIRouter, Depends
-from fastapi.responses import JSONResponse
 
+from .array_json import ArrayJSONResponse
 from .errors import GatewayError
 from .openai_schema import (EmbeddingRequest, check_dimensions, embedding_response, model_card, model_not_found,
                             shorten, texts_from_input)
@@ -22,7 +22,7 @@ def openai_router(link, check_key):
             raise GatewayError(400, "this server returns token-level embeddings (--pooling-strategy none); "
                                     "use POST /encode for those", param="model")
         rows = shorten(result.embeddings, body.dimensions)
-        return JSONResponse(embedding_response(rows, served, result.num_tokens, body.encoding_format))
+        return ArrayJSONResponse(embedding_response(rows, served, result.num_tokens, body.encoding_format))
 
     @router.get("/models")
     async def models():

@@ -78,7 +78,7 @@ def model_not_found(model):
 
 
 def _as_floats(row):
-    return row.tolist()
+    return np.ascontiguousarray(row)  # ArrayJSONResponse writes it as a list of floats
 
 
 def _as_base64(row):
