@@ -16,7 +16,7 @@ def prepare_encode(texts, is_tokenized=False, show_tokens=False, timeout=None, m
     payload = json.dumps(texts).encode()
     if max_request_bytes and len(payload) > max_request_bytes:
         raise RequestTooLargeError(f"the request is {len(payload) >> 20} MB, above the server's limit of "
-                         f"{max_request_bytes >> 20} MB (--max-request-mb); split it")
+                                   f"{max_request_bytes >> 20} MB (--max-request-mb); split it")
     options = {"is_tokenized": is_tokenized, "show_tokens": show_tokens}
     if timeout is not None:
         options["timeout_ms"] = timeout * 1000
