@@ -142,6 +142,13 @@ def wait_for(condition, timeout=60):
         time.sleep(0.05)
 
 
+def settled_status(client, timeout=10):
+    """The server's status once no request is in flight: a reply reaches its client a moment before
+    the ventilator hears that its request is done and counts it."""
+    wait_for(lambda: client.server_status["in_flight_requests"] == 0, timeout)
+    return client.server_status
+
+
 def group_alive(pgid):
     try:
         os.killpg(pgid, 0)

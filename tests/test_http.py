@@ -18,7 +18,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import free_port, random_texts, running_server, wait_for
+from conftest import free_port, random_texts, running_server, settled_status, wait_for
 from http_helpers import running_gateway
 
 pytestmark = pytest.mark.timeout(120)
@@ -345,7 +345,7 @@ def test_the_readmes_curl_examples_work_as_written(gateway, model_id):
 def test_status_page_renders_live_figures(gateway, tiny_server, tmp_path):
     assert gateway.post("/encode", {"id": 1, "texts": TEXTS}).status_code == 200
     with tiny_server.client() as client:
-        encoded = client.server_status["texts"]["encoded"]
+        encoded = settled_status(client)["texts"]["encoded"]
     wait_for(lambda: gateway.get("/status.json").json()["status"]["texts"]["encoded"] == encoded, timeout=10)
 
     dom = chromium(gateway.url, tmp_path, "--dump-dom")

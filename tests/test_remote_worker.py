@@ -20,7 +20,8 @@ import pytest
 import zmq
 import zmq.auth
 
-from conftest import RunningServer, free_port, group_alive, random_texts, running_server, wait_for
+from conftest import (RunningServer, free_port, group_alive, random_texts, running_server, settled_status,
+                      wait_for)
 from encoder_client import EncoderClient
 from encoder_server import messages
 
@@ -186,6 +187,11 @@ def status(server):
         return probe.server_status
 
 
+def settled(server):
+    with server.client(timeout=10) as probe:
+        return settled_status(probe)
+
+
 def wait_joined(server, worker):
     """Wait until one of `worker`'s processes has joined the server; returns (its name, status)."""
     deadline = time.monotonic() + JOIN_TIMEOUT
@@ -230,7 +236,7 @@ def test_remote_worker_joins_shares_the_work_and_computes_the_same_rows(tiny_mod
             after = shared.encode(texts)
         assert after.shape == before.shape == (3000, 32)
         assert np.allclose(after, before, atol=1e-5), f"max difference {np.abs(after - before).max()}"
-        state = status(server)
+        state = settled(server)
         assert state["workers_alive"] == 2
         encoded = state["worker_texts_encoded"]
         assert encoded.get(name, 0) > 0, f"the remote worker encoded nothing: {encoded}\n{worker.log}"
@@ -312,7 +318,7 @@ def test_curve_worker_ports_admit_authorized_workers_only(tiny_model, tmp_path, 
         with server.client() as authorized:
             shared = authorized.encode(texts)
         assert np.allclose(shared, reference, atol=1e-5), f"max difference {np.abs(shared - reference).max()}"
-        assert status(server)["worker_texts_encoded"].get(name, 0) > 0, trusted.log
+        assert settled(server)["worker_texts_encoded"].get(name, 0) > 0, trusted.log
 
         # and straight at the worker port, past `encoder-server worker`'s own checks
         context = zmq.Context()
@@ -367,5 +373,5 @@ def test_remote_worker_joins_again_after_the_server_restarts(tiny_model, tmp_pat
         assert state["workers_alive"] == 2, state
         with second.client() as client:
             assert np.allclose(client.encode(texts), reference, atol=1e-5)
-        assert status(second)["worker_texts_encoded"].get(name, 0) > 0, worker.log
+        assert settled(second)["worker_texts_encoded"].get(name, 0) > 0, worker.log
     assert "connecting again" in worker.log, worker.log

@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import random_texts, reference_embeddings, running_server, wait_for
+from conftest import random_texts, reference_embeddings, running_server, settled_status, wait_for
 from encoder_client import ConcurrentEncoderClient, EncoderClient, ServerError
 
 pytestmark = pytest.mark.timeout(300)
@@ -232,9 +232,9 @@ def test_show_progress_pipelines_sub_requests_under_a_bar(tiny_server, tiny_mode
     texts = random_texts(2500, seed=21)  # three sub-requests of at most 1024 texts
     with tiny_server.client() as client:
         plain = client.encode(texts)
-        served_before = client.server_status["requests"]["served"]
+        served_before = settled_status(client)["requests"]["served"]
         with_bar = client.encode(texts, show_progress=True)
-        served_after = client.server_status["requests"]["served"]
+        served_after = settled_status(client)["requests"]["served"]
     np.testing.assert_allclose(with_bar, plain, atol=1e-5)  # rows may share passes differently
     assert served_after - served_before == 3
     assert "2500/2500" in capsys.readouterr().err
