@@ -23,15 +23,7 @@ from pathlib import Path
 from . import corpus, load
 from .engines import Service, free_port
 
-
-class ZeroMq:
-    name = "ZeroMQ EncoderClient"
-
-    def __init__(self, service):
-        self.service = service
-
-    def client(self):
-        return self.service.client()
+ZEROMQ = "ZeroMQ EncoderClient"  # the baseline: the server itself, through its own client
 
 
 class OpenAiSdk:
@@ -141,9 +133,9 @@ def main(argv=None):
              f"{args.clients} clients, {args.small_batch} texts per request":
              lambda engine: load.closed_loop(engine, texts, args.clients, args.small_batch, args.seconds, 0)}
     runs = {}
-    with Service("service", ["--http-port", str(http_port)], model=args.model) as service:
+    with Service(ZEROMQ, ["--http-port", str(http_port)], model=args.model) as service:
         model = wait_gateway(url)
-        engines = [ZeroMq(service), OpenAiSdk(url, model, "float"), OpenAiSdk(url, model, "base64"), BertEncode(url)]
+        engines = [service, OpenAiSdk(url, model, "float"), OpenAiSdk(url, model, "base64"), BertEncode(url)]
         for round_ in range(1, args.rounds + 1):
             for load_name, measure in loads.items():
                 for engine in engines:
@@ -157,7 +149,7 @@ def main(argv=None):
     print("|---|---|---:|---:|---:|---:|---:|")
     table = []
     for load_name in loads:
-        baseline = statistics.median(r["sentences_per_s"] for r in runs[load_name, ZeroMq.name])
+        baseline = statistics.median(r["sentences_per_s"] for r in runs[load_name, ZEROMQ])
         for engine in engines:
             median = load.median_of(runs[load_name, engine.name])
             ratio = round(median["sentences_per_s"] / baseline, 2)
