@@ -184,17 +184,8 @@ def sentence_transformers(model, threads):
 
 
 def our_backend(settings):
-    """Our tokenizer, batch planner and backend in-process: the service minus the service."""
-    from encoder_server.backends import load_encoder, prepare_model
-    from encoder_server.batching import BatchPlanner, drain
-    from encoder_server.scheduling import Job
-    from encoder_server.tokenizer import TextTokenizer
+    """Our Embedder in-process: the service minus the service."""
+    from encoder_server import Embedder
+    from encoder_server.backends import prepare_model
 
-    settings = prepare_model(settings)
-    tokenizer, encoder = TextTokenizer(settings.model, settings.truncate_at), load_encoder(settings)
-
-    def encode(texts):
-        planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, tokenizer.pad_id)
-        planner.add(tokenizer.tokenize(Job(job_id=0, seq=0, offset=0, texts=texts)))
-        drain(planner, encoder.embed)
-    return InProcess(f"{settings.backend} backend in-process", encode)
+    return InProcess(f"{settings.backend} backend in-process", Embedder(prepare_model(settings)).embed_texts)

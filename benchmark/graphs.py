@@ -75,7 +75,7 @@ def _run(session, passes):
 
 
 def _rate(session, passes, repeats):
-    rows = sum(len(batch.rows) for batch in passes)
+    rows = sum(len(batch) for batch in passes)
     rates = []
     for _ in range(repeats):
         started = time.perf_counter()

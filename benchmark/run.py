@@ -171,19 +171,17 @@ class Suite:
 
         from benchmark import graphs
         from encoder_server.backends.model_cache import onnx_files
-        from encoder_server.batching import BatchPlanner, passes
-        from encoder_server.scheduling import Job
+        from encoder_server.backends.passes import plan_passes
+        from encoder_server.backends.tokenizer import Tokenizer
         from encoder_server.settings import resolve
-        from encoder_server.tokenizer import TextTokenizer
 
         settings = resolve(model=self.model)
-        tokenizer = TextTokenizer(settings.model, settings.truncate_at)
+        tokenizer = Tokenizer(settings.model, settings.truncate_at)
         passes_by_kind = {}
         for kind in self.plan.kinds:
-            planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, tokenizer.pad_id)
-            texts = corpus.texts(kind, self.plan.texts[kind])
-            planner.add(tokenizer.tokenize(Job(job_id=0, seq=0, offset=0, texts=texts)))
-            passes_by_kind[kind] = list(passes(planner))
+            encoding = tokenizer.tokenize(corpus.texts(kind, self.plan.texts[kind]))
+            passes_by_kind[kind] = [inputs for _, inputs in plan_passes(encoding, settings.max_batch_tokens,
+                                                                        settings.max_batch_size, tokenizer.pad_id)]
         config = AutoConfig.from_pretrained(settings.model)
         return graphs.screen(onnx_files(settings)[0], config, passes_by_kind, self.plan.repeats)
 

@@ -9,17 +9,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .arrays import concat_parts
+from .messages import Registration
 
 REMEMBERED_FINISHED = 100_000  # finished requests whose late duplicate parts are recognised
 ORPHAN_PARTS_TTL = 300.0       # parts whose registration never came are dropped after this
-
-
-@dataclass
-class Registration:
-    identity: bytes
-    req_id: int
-    rows: int
-    with_tokens: bool = False
 
 
 @dataclass
@@ -33,7 +26,7 @@ class Completed:
 
 @dataclass
 class _Pending:
-    registration: Registration = None
+    registration: Registration = None  # the ventilator's, once it has come
     parts: dict = field(default_factory=dict)  # offset -> (array, tokens)
     rows: int = 0
     num_tokens: int = 0

@@ -9,27 +9,30 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from .arrays import stack_rows
+from .backends.passes import Encoding, Pass, fitting_prefix
+from .messages import Job
 
 
 @dataclass(eq=False)
-class TokenizedJob:
-    job_id: int
-    seq: int
-    offset: int
-    priority: bool
-    ids: list                  # token ids per text, [CLS] and [SEP] included, no padding
-    special: list              # 1 where ids holds a special token
-    tokens: list = None        # WordPiece strings per text, when the client asked for them
-    queued_at: float = None    # wall-clock time its request was admitted
+class Tokenized:
+    """A job while the worker holds it: its texts as token ids, and their outputs as passes fill them."""
+    job: Job
+    encoding: Encoding
+    arrived: float = field(default_factory=time.monotonic)  # when the worker received the job
     started: bool = False      # whether a pass has taken any of its rows
-    arrived: float = field(default_factory=time.monotonic)
     outputs: list = field(default=None, repr=False)
 
     def __post_init__(self):
-        self.outputs = [None] * len(self.ids)
+        self.outputs = [None] * len(self.encoding)
+
+    @property
+    def priority(self):
+        return self.job.priority
+
+    @property
+    def ids(self):
+        return self.encoding.ids
 
     @property
     def done(self):
@@ -38,25 +41,16 @@ class TokenizedJob:
     def result(self):
         return stack_rows(self.outputs)
 
-    @property
-    def num_tokens(self):
-        return sum(len(row) for row in self.ids)
+    def queue_wait(self, now):
+        """Seconds since its request was admitted: the ventilator's part, then ours (both durations)."""
+        return self.job.waited_ms / 1000 + max(0.0, now - self.arrived)
 
 
 @dataclass
-class Pass:
-    rows: list                  # (job, row index) pairs, sorted by length
-    input_ids: np.ndarray       # [n, longest] int64, zero-padded
-    attention_mask: np.ndarray  # [n, longest] int64
-    special_tokens_mask: np.ndarray
-
-    @property
-    def padded_tokens(self):
-        return self.input_ids.size
-
-    @property
-    def real_tokens(self):
-        return int(self.attention_mask.sum())
+class Batch:
+    """A planned forward pass: which rows it holds, and their padded input."""
+    rows: list       # (Tokenized, row index) pairs, sorted by length
+    inputs: Pass
 
     def start(self, now):
         """Mark the pass's jobs as started; returns the queue wait of each job it starts."""
@@ -64,8 +58,7 @@ class Pass:
         for job in dict.fromkeys(job for job, _ in self.rows):
             if not job.started:
                 job.started = True
-                if job.queued_at is not None:
-                    waits.append(max(0.0, now - job.queued_at))
+                waits.append(job.queue_wait(now))
         return waits
 
     def scatter(self, pooled):
@@ -152,36 +145,15 @@ class BatchPlanner:
         return _by_length(taken)
 
     def _cut(self, rows):
-        """The longest prefix of length-sorted rows that fits the token budget (at least one row)."""
-        count = 1
-        while (count < len(rows) and count < self.max_batch_size
-               and (count + 1) * _length(rows[count]) <= self.max_batch_tokens):
-            count += 1
+        """The longest prefix of length-sorted rows that fits the budgets (at least one row)."""
+        count = fitting_prefix([_length(row) for row in rows[:self.max_batch_size]], self.max_batch_tokens,
+                               self.max_batch_size)
         return rows[:count], rows[count:]
 
     def _pad(self, rows):
-        longest = _length(rows[-1])
-        ids = np.full((len(rows), longest), self.pad_id, dtype=np.int64)
-        attention = np.zeros((len(rows), longest), dtype=np.int64)
-        special = np.zeros((len(rows), longest), dtype=np.int64)
-        for i, (job, row) in enumerate(rows):
-            length = len(job.ids[row])
-            ids[i, :length] = job.ids[row]
-            attention[i, :length] = 1
-            special[i, :length] = job.special[row]
-        return Pass(rows, ids, attention, special)
-
-
-def passes(planner):
-    """Every buffered row, pass by pass, priority first."""
-    while planner:
-        yield planner.next_pass()
-
-
-def drain(planner, embed):
-    """Run every buffered row through `embed` (warm-up and in-process use)."""
-    for batch in passes(planner):
-        batch.scatter(embed(batch))
+        inputs = Pass.pad([job.ids[row] for job, row in rows], [job.encoding.special[row] for job, row in rows],
+                          self.pad_id)
+        return Batch(rows, inputs)
 
 
 def _length(row):

@@ -1,79 +1,254 @@
-"""Frames exchanged between the server's own processes (never seen by clients).
+"""Every message between the server's own processes (clients never see these). Pure.
 
-    worker     -> ventilator  [READY, json]  |  [HEARTBEAT, json metrics since the last one]
-                              |  [DROPPED, job_id] (deadline passed)
-    ventilator -> worker      [JOB, json]  |  [HEARTBEAT]
-    ventilator -> sink        [REGISTER, identity, json]  |  [PUBLISH, *public frames]
-                              |  [FORGET, seq, error message or b""] (request cancelled)
-    worker     -> sink        [PART, json, raw array bytes]
-    sink       -> ventilator  [DONE, job_id]  |  [GONE, seq] (nobody listens for the request any more)
+    worker     -> ventilator  Ready | Heartbeat (metrics since the last one) | Dropped (budget spent)
+    ventilator -> worker      Job | Heartbeat
+    ventilator -> sink        Register | Publish (a reply for a client) | Forget (request cancelled)
+    worker     -> sink        Part
+    sink       -> ventilator  Done (one per finished job) | Gone (nobody listens for the request)
+    supervisor -> ventilator  WorkerExited     (these two go over a multiprocessing pipe)
+    ventilator -> supervisor  WorkerSilent
+
+Each ZeroMQ message has one encode/decode pair: `message.frames()`, and `decode(frames)` for
+all of them. Decoding raises MessageError and nothing else for frames that are no message of
+ours, so a loop that catches it outlives anything a peer on a worker port sends.
+
+Time crosses hosts only as durations: a Job carries how much of its client's timeout is left
+and how long it has waited, never a clock reading, so a worker whose clock is off by any amount
+measures both against its own monotonic clock from the moment it receives the job.
 """
 import json
-from dataclasses import fields
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .assembly import Registration
-from .scheduling import Job
-
-_JOB_FIELDS = [field.name for field in fields(Job) if field.name not in ("client", "attempts")]
-
-READY, HEARTBEAT, DROPPED, JOB = b"READY", b"HEARTBEAT", b"DROPPED", b"JOB"
-REGISTER, PUBLISH, FORGET, PART, DONE, GONE = b"REGISTER", b"PUBLISH", b"FORGET", b"PART", b"DONE", b"GONE"
+_KINDS = {}
 
 
-def job_frames(job):
-    return [JOB, json.dumps({name: getattr(job, name) for name in _JOB_FIELDS}).encode()]
+class MessageError(ValueError):
+    """Frames that are no message of ours."""
 
 
-def decode_job(frames):
-    return Job(**json.loads(frames[1]))
+def decode(frames):
+    """The message these frames hold (zmq.Frame or bytes); MessageError if they hold none."""
+    kind = _bytes(frames[0]) if frames else b""
+    message_type = _KINDS.get(kind)
+    if message_type is None:
+        raise MessageError(f"unknown message kind {kind[:32]!r}")
+    try:
+        return message_type.decode(frames[1:])
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as error:
+        raise MessageError(f"malformed {kind.decode()} message: {error}") from None
 
 
-def register_frames(seq, registration):
-    header = {"seq": seq, "req_id": registration.req_id, "rows": registration.rows,
-              "with_tokens": registration.with_tokens}
-    return [REGISTER, registration.identity, json.dumps(header).encode()]
+def decode_or_log(frames, log, sender):
+    """The message these frames hold, or None once `log` has said why they hold none."""
+    try:
+        return decode(frames)
+    except MessageError as error:
+        log.warning("dropped a message from %s: %s", sender, error)
+        return None
 
 
-def decode_register(frames):
-    header = json.loads(frames[2])
-    seq = header.pop("seq")
-    return seq, Registration(identity=frames[1], **header)
+def _kind(name):
+    """Register a message class under its first frame."""
+    def register(message_type):
+        message_type.KIND = name
+        _KINDS[name] = message_type
+        return message_type
+    return register
 
 
-def part_frames(seq, job_id, offset, array, tokens=None, num_tokens=0):
-    header = {"seq": seq, "job_id": job_id, "offset": offset, "dtype": str(array.dtype),
-              "shape": list(array.shape), "tokens": tokens, "num_tokens": num_tokens}
-    return [PART, json.dumps(header).encode(), memoryview(np.ascontiguousarray(array)).cast("B")]
+@_kind(b"JOB")
+@dataclass(frozen=True)
+class Job:
+    """Texts for a worker: part of request `seq`, from its text `offset` on."""
+    job_id: int
+    seq: int
+    offset: int
+    texts: list
+    priority: bool = False
+    is_tokenized: bool = False
+    with_tokens: bool = False
+    budget_ms: float = None  # how long its client still waits, from the moment a worker receives it
+    waited_ms: float = 0.0   # how long it had waited since its request was admitted, when it was sent
+
+    def frames(self):
+        return [self.KIND, _json(asdict(self))]
+
+    @classmethod
+    def decode(cls, frames):
+        return cls(**_object(frames[0]))
+
+    def spent(self, received_at, now):
+        """Whether its budget ran out between `received_at` and `now` (both on one monotonic clock)."""
+        return self.budget_ms is not None and (now - received_at) * 1000 >= self.budget_ms
 
 
-def decode_part(header_frame, body_frame):
-    header = json.loads(header_frame)
-    array = np.frombuffer(body_frame, dtype=header["dtype"]).reshape(header["shape"])
-    return header, array
+@_kind(b"READY")
+@dataclass(frozen=True)
+class Ready:
+    pid: int
+    host: str
+    remote: bool = False
+
+    def frames(self):
+        return [self.KIND, _json(asdict(self))]
+
+    @classmethod
+    def decode(cls, frames):
+        return cls(**_object(frames[0]))
 
 
-def ready_frames(pid, host, remote=False):
-    return [READY, json.dumps({"pid": pid, "host": host, "remote": remote}).encode()]
+@_kind(b"HEARTBEAT")
+@dataclass(frozen=True)
+class Heartbeat:
+    metrics: dict = field(default_factory=dict)  # a worker's: what it recorded since its last heartbeat
+
+    def frames(self):
+        return [self.KIND, _json(self.metrics)]
+
+    @classmethod
+    def decode(cls, frames):
+        return cls(_object(frames[0]) if frames else {})
 
 
-def heartbeat_frames(metrics):
-    return [HEARTBEAT, json.dumps(metrics).encode()]
+@dataclass(frozen=True)
+class _Number:
+    """A message that is one number: a job id or a request's seq."""
+    number: int
+
+    def frames(self):
+        return [self.KIND, b"%d" % self.number]
+
+    @classmethod
+    def decode(cls, frames):
+        return cls(int(_bytes(frames[0])))
 
 
-def decode_heartbeat(frames):
-    return json.loads(frames[1]) if len(frames) > 1 else {}
+@_kind(b"DROPPED")
+class Dropped(_Number):
+    """A worker skipped job `number`: its budget ran out before the worker reached it."""
 
 
-def decode_ready(frames):
-    return json.loads(frames[1]) if len(frames) > 1 else {}
+@_kind(b"DONE")
+class Done(_Number):
+    """The sink has job `number`'s part."""
 
 
-def number_frames(kind, number):
-    """[kind, number]: DONE and DROPPED carry a job id, FORGET and GONE a request's seq."""
-    return [kind, b"%d" % number]
+@_kind(b"GONE")
+class Gone(_Number):
+    """Nobody has listened for request `number` in a long while; the sink gave it up."""
 
 
-def forget_frames(seq, error=None):
-    return [FORGET, b"%d" % seq, (error or "").encode()]
+@_kind(b"FORGET")
+@dataclass(frozen=True)
+class Forget:
+    """Drop request `seq`; with `error`, tell its client why."""
+    seq: int
+    error: str = ""
+
+    def frames(self):
+        return [self.KIND, b"%d" % self.seq, self.error.encode()]
+
+    @classmethod
+    def decode(cls, frames):
+        return cls(int(_bytes(frames[0])), _bytes(frames[1]).decode())
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What the sink needs to reassemble a request and whom to send it to."""
+    identity: bytes
+    req_id: int
+    rows: int
+    with_tokens: bool = False
+
+
+@_kind(b"REGISTER")
+@dataclass(frozen=True)
+class Register:
+    seq: int
+    registration: Registration
+
+    def frames(self):
+        header = {"seq": self.seq, **asdict(self.registration)}
+        del header["identity"]
+        return [self.KIND, self.registration.identity, _json(header)]
+
+    @classmethod
+    def decode(cls, frames):
+        header = _object(frames[1])
+        seq = header.pop("seq")
+        return cls(seq, Registration(identity=_bytes(frames[0]), **header))
+
+
+@_kind(b"PUBLISH")
+@dataclass(frozen=True)
+class Publish:
+    """A reply for a client, as the frames the sink publishes (the first is the client's identity)."""
+    reply: list
+
+    def frames(self):
+        return [self.KIND, *self.reply]
+
+    @classmethod
+    def decode(cls, frames):
+        if not frames:
+            raise MessageError("a PUBLISH message without a reply")
+        return cls(list(frames))
+
+    @property
+    def identity(self):
+        return _bytes(self.reply[0])
+
+
+@_kind(b"PART")
+@dataclass(frozen=True, eq=False)
+class Part:
+    """A job's float32 rows: [rows, dim], or [rows, seq, dim] with token-level pooling."""
+    seq: int
+    job_id: int
+    offset: int
+    array: np.ndarray
+    tokens: list = None
+    num_tokens: int = 0
+
+    def frames(self):
+        header = {"seq": self.seq, "job_id": self.job_id, "offset": self.offset, "shape": list(self.array.shape),
+                  "tokens": self.tokens, "num_tokens": self.num_tokens}
+        return [self.KIND, _json(header), memoryview(np.ascontiguousarray(self.array, dtype=np.float32)).cast("B")]
+
+    @classmethod
+    def decode(cls, frames):
+        header = _object(frames[0])
+        body = frames[1].buffer if hasattr(frames[1], "buffer") else frames[1]
+        array = np.frombuffer(body, dtype=np.float32).reshape(header.pop("shape"))
+        return cls(array=array, **header)
+
+
+@dataclass(frozen=True)
+class WorkerExited:
+    """The supervisor saw a local worker exit; it restarts it."""
+    pid: int
+    exitcode: int
+
+
+@dataclass(frozen=True)
+class WorkerSilent:
+    """The ventilator gave up on a local worker that stopped sending heartbeats: kill it."""
+    pid: int
+
+
+def _json(value):
+    return json.dumps(value).encode()
+
+
+def _object(frame):
+    value = json.loads(_bytes(frame))
+    if not isinstance(value, dict):
+        raise MessageError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _bytes(frame):
+    return frame.bytes if hasattr(frame, "bytes") else bytes(frame)

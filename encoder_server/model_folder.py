@@ -24,6 +24,7 @@ UNSUPPORTED_POOLING = "unsupported"
 class ModelInfo:
     path: Path
     num_layers: int
+    hidden_size: int
     max_positions: int
     st_pooling: str = None       # set when the folder carries a sentence-transformers pooling config
     st_normalize: bool = False
@@ -47,9 +48,12 @@ def inspect_model_folder(path):
     num_layers = config.get("num_hidden_layers", config.get("n_layers"))
     if not isinstance(num_layers, int):
         raise ConfigError(f"--model {path}: config.json names no num_hidden_layers")
+    hidden_size = config.get("hidden_size", config.get("dim"))
+    if not isinstance(hidden_size, int):
+        raise ConfigError(f"--model {path}: config.json names no hidden_size")
     st_pooling, st_normalize = _sentence_transformers_pooling(path)
     st_config = _read_json(path / "sentence_bert_config.json") or {}
-    return ModelInfo(path=path, num_layers=num_layers, max_positions=_max_positions(path, config),
+    return ModelInfo(path=path, num_layers=num_layers, hidden_size=hidden_size, max_positions=_max_positions(path, config),
                      st_pooling=st_pooling, st_normalize=st_normalize,
                      st_max_seq_len=st_config.get("max_seq_length"))
 

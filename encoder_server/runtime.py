@@ -12,8 +12,6 @@ import zmq
 from encoder_client.keys import apply_curve
 
 POLL_MS = 100
-HEARTBEAT_INTERVAL = 1.0
-HEARTBEAT_LIVENESS = 5   # intervals without a word from a worker before it counts as dead
 # messages queued per socket peer; the dispatcher keeps far fewer jobs per worker than this
 INTERNAL_HWM = 10000
 

@@ -12,36 +12,23 @@ suspect runs alone on an idle worker, so a second death pins it down: its reques
 """
 import heapq
 import itertools
-from collections import OrderedDict, deque
-from dataclasses import dataclass
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, replace
+
+from .messages import Job
 
 MAX_ATTEMPTS = 2  # a job whose worker died this many times fails its request
 
 
-@dataclass
-class Job:
-    job_id: int
-    seq: int              # the request this job belongs to
-    offset: int           # index of the job's first text in the request
-    texts: list
-    client: bytes = b""   # the fairness key; stays in the ventilator
-    priority: bool = False
-    is_tokenized: bool = False
-    with_tokens: bool = False
-    deadline: float = None  # wall-clock time after which nobody waits for the result
-    queued_at: float = None  # wall-clock time the ventilator admitted the request
-    attempts: int = 0       # workers that died holding this job (stays in the ventilator)
-
-
-def split_request(seq, client, texts, priority_batch_size, max_batch_size, job_ids, priority_pieces=1, **flags):
+def split_request(seq, texts, priority_batch_size, max_batch_size, job_ids, priority_pieces=1, **flags):
     """A request as jobs: a small one as up to `priority_pieces` priority jobs of near-equal size,
     a large one as bulk mini-jobs of at most max_batch_size texts."""
     if len(texts) <= priority_batch_size:
         pieces = max(1, min(priority_pieces, len(texts)))
         bounds = [len(texts) * i // pieces for i in range(pieces + 1)]
-        return [Job(next(job_ids), seq, start, texts[start:end], client, True, **flags)
+        return [Job(next(job_ids), seq, start, texts[start:end], priority=True, **flags)
                 for start, end in zip(bounds, bounds[1:])]
-    return [Job(next(job_ids), seq, start, texts[start:start + max_batch_size], client, False, **flags)
+    return [Job(next(job_ids), seq, start, texts[start:start + max_batch_size], **flags)
             for start in range(0, len(texts), max_batch_size)]
 
 
@@ -52,11 +39,11 @@ class FairQueue:
         self._by_client = OrderedDict()
         self._size = 0
 
-    def push(self, job, front=False):
-        jobs = self._by_client.setdefault(job.client, deque())
+    def push(self, client, job, front=False):
+        jobs = self._by_client.setdefault(client, deque())
         if front:
             jobs.appendleft(job)
-            self._by_client.move_to_end(job.client, last=False)
+            self._by_client.move_to_end(client, last=False)
         else:
             jobs.append(job)
         self._size += 1
@@ -104,10 +91,14 @@ class _WorkerLoad:
 
 
 @dataclass
-class _Request:
+class Admitted:
+    """A request in flight; times are the ventilator's monotonic clock."""
+    seq: int
     client: bytes
     texts: int
     jobs_left: int
+    admitted: float
+    deadline: float = None  # when its client stops waiting
 
 
 class Dispatcher:
@@ -119,21 +110,24 @@ class Dispatcher:
         self._bulk = FairQueue()
         self._workers = {}
         self._assigned = {}         # job_id -> (worker, job)
-        self._requests = {}         # seq -> _Request, for requests in flight
+        self._requests = {}         # seq -> Admitted, for requests in flight
         self._deadlines = []        # heap of (deadline, seq)
+        self._deaths = Counter()    # job_id -> workers that died holding it
         self._job_ids = itertools.count(first_job_id)
         self.pending_texts = 0      # texts of the requests in flight
         self.texts_encoded = 0
 
     # ----- requests -----
 
-    def submit(self, seq, client, texts, deadline=None, **flags):
-        """Queue a request. A small one is spread over the idle workers, so that on a quiet
-        server it runs on every core rather than one."""
+    def submit(self, seq, client, texts, now, timeout=None, **flags):
+        """Queue a request admitted at `now`, whose client waits `timeout` seconds (None: for ever).
+        A small one is spread over the idle workers, so that on a quiet server it runs on every
+        core rather than one."""
         idle = sum(1 for load in self._workers.values() if load.texts == 0)
-        jobs = split_request(seq, client, texts, self.priority_batch_size, self.max_batch_size,
-                             self._job_ids, priority_pieces=idle, deadline=deadline, **flags)
-        self._requests[seq] = _Request(client, len(texts), len(jobs))
+        jobs = split_request(seq, texts, self.priority_batch_size, self.max_batch_size,
+                             self._job_ids, priority_pieces=idle, **flags)
+        deadline = None if timeout is None else now + timeout
+        self._requests[seq] = Admitted(seq, client, len(texts), len(jobs), now, deadline)
         self.pending_texts += len(texts)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, seq))
@@ -141,11 +135,12 @@ class Dispatcher:
             self._enqueue(job)
 
     def job_done(self, job_id):
-        """Record a finished job; returns its request's seq when that request is now complete."""
+        """Record a finished job; returns its request (Admitted) when that request is now complete."""
         worker, job = self._assigned.pop(job_id, (None, None))
         if job is None:
             return None
         self._load(worker, job, -1)
+        self._deaths.pop(job_id, None)
         self._workers[worker].encoded += len(job.texts)
         self.texts_encoded += len(job.texts)
         request = self._requests.get(job.seq)
@@ -155,13 +150,14 @@ class Dispatcher:
         if request.jobs_left:
             return None
         self._forget(job.seq)
-        return job.seq
+        return request
 
     def job_dropped(self, job_id):
         """A worker skipped a job (its deadline had passed); returns the job, or None if unknown."""
         worker, job = self._assigned.pop(job_id, (None, None))
         if job is not None:
             self._load(worker, job, -1)
+            self._deaths.pop(job_id, None)
         return job
 
     def cancel(self, seq):
@@ -174,6 +170,8 @@ class Dispatcher:
         dropped = [job for job in self._priority if job.seq == seq] + self._bulk.remove(request.client, seq)
         if any(job.priority for job in dropped):
             self._priority = deque(job for job in self._priority if job.seq != seq)
+        for job in dropped:
+            self._deaths.pop(job.job_id, None)
         return sum(len(job.texts) for job in dropped)
 
     def expired(self, now):
@@ -195,7 +193,7 @@ class Dispatcher:
         if job.priority:
             (self._priority.appendleft if front else self._priority.append)(job)
         else:
-            self._bulk.push(job, front)
+            self._bulk.push(self._requests[job.seq].client, job, front)
 
     # ----- workers -----
 
@@ -213,17 +211,20 @@ class Dispatcher:
         for job in reversed(lost):  # each goes to the front, so the oldest ends up first
             del self._assigned[job.job_id]
             if job.seq not in self._requests:
+                self._deaths.pop(job.job_id, None)
                 continue
-            job.attempts += 1
-            if job.attempts >= MAX_ATTEMPTS:
+            self._deaths[job.job_id] += 1
+            if self._deaths[job.job_id] >= MAX_ATTEMPTS:
+                self._deaths.pop(job.job_id)
                 poisoned.insert(0, job)
             else:
                 requeued.insert(0, job)
                 self._enqueue(job, front=True)
         return requeued, poisoned
 
-    def assignments(self):
-        """(worker, job) pairs that can be sent now, highest priority first."""
+    def assignments(self, now):
+        """(worker, job) pairs that can be sent at `now`, highest priority first, each job
+        stamped with its request's remaining budget and the time it has waited."""
         sent = []
         while self._priority or self._bulk:
             queue_pop, worker = self._next_source()
@@ -232,8 +233,13 @@ class Dispatcher:
             job = queue_pop()
             self._assigned[job.job_id] = (worker, job)
             self._load(worker, job, +1)
-            sent.append((worker, job))
+            sent.append((worker, self._stamped(job, now)))
         return sent
+
+    def _stamped(self, job, now):
+        request = self._requests[job.seq]
+        budget = None if request.deadline is None else max(0.0, (request.deadline - now) * 1000)
+        return replace(job, budget_ms=budget, waited_ms=max(0.0, (now - request.admitted) * 1000))
 
     def _next_source(self):
         if self._priority:
@@ -248,7 +254,7 @@ class Dispatcher:
 
     def _worker_for(self, job, has_room):
         """A suspect job runs alone on an idle worker; other jobs avoid a worker holding one."""
-        if job.attempts:
+        if self._deaths[job.job_id]:
             return self._least_loaded(lambda load: load.texts == 0)
         return self._least_loaded(lambda load: not load.suspects and has_room(load))
 
@@ -260,7 +266,7 @@ class Dispatcher:
         """Add (sign=+1) or remove (sign=-1) a job's weight on a worker."""
         load = self._workers[worker]
         load.texts += sign * len(job.texts)
-        load.suspects += sign * bool(job.attempts)
+        load.suspects += sign * bool(self._deaths[job.job_id])
         if job.priority:
             load.priority_texts += sign * len(job.texts)
         else:

@@ -1,65 +1,118 @@
-"""Turn command-line choices plus the model folder's own configs into the settings every process uses."""
-import os
-from dataclasses import asdict, dataclass
+"""The settings every process uses: the user's choices plus what the model folder says.
 
+Each choice is declared once, below, with its default, its help text and its bounds; the CLI
+builds `encoder-server start`'s options from these declarations, `resolve` checks them, and
+SHOW_CONFIG reports them under the same names. Pooling names come from backends.pooling and
+backend names from backends.BACKENDS.
+"""
+import argparse
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+
+from .backends import BACKENDS, default_backend
+from .backends.pooling import MASKABLE, STRATEGIES, PoolingSpec
 from .model_folder import UNSUPPORTED_POOLING, ConfigError, default_model_path, inspect_model_folder
 
-STRATEGIES = ("mean", "max", "mean_max", "cls", "last", "none")
-_MASKABLE = ("mean", "max", "mean_max", "none")
-# chosen by measurement: benchmark/RESULTS.md
-DEFAULT_BACKEND = {"cpu": "onnx", "cuda": "torch"}
-DEFAULT_BATCH_TOKENS = {"cpu": 1024, "cuda": 16384}
+MODEL, COMPUTE, SCHEDULING, NETWORK = "model and pooling", "compute", "scheduling", "network"
+DEVICES = ("cpu", "cuda")
+DEFAULT_BATCH_TOKENS = {"cpu": 1024, "cuda": 16384}  # chosen by measurement: benchmark/RESULTS.md
+BUNDLED_MODEL_NAME = "all-MiniLM-L6-v2"
+GATEWAY_TIMEOUT = 60.0  # seconds the HTTP gateway waits on the server for any one request (504 after)
+_PRIVATE = ("host", "onnx_file", "server_key", "authorized_clients", "api_key", "http_host")
 
 
-@dataclass(frozen=True)
-class PoolingSpec:
-    strategy: str
-    layers: tuple
-    mask_cls_sep: bool = False
-    normalize: bool = False
+def choice(default, group, help, **bounds):
+    """A setting the user chooses (`encoder-server start --NAME`). `bounds`: `choices`, `minimum`,
+    `port=True`, or for the CLI `nargs` and `parse` (the type of one value)."""
+    return field(default=default, metadata={"group": group, "help": help, **bounds})
 
-    def describe(self):
-        layers = ", ".join(str(layer) for layer in self.layers)
-        extras = [name for name in ("mask_cls_sep", "normalize") if getattr(self, name)]
-        return f"{self.strategy} over layer(s) {layers}" + (f" + {' + '.join(extras)}" if extras else "")
+
+def parse_max_seq_len(value):
+    if value.lower() in ("none", "auto"):
+        return None if value.lower() == "none" else "auto"
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither an integer nor 'none'") from None
 
 
 @dataclass(frozen=True)
 class Settings:
-    model: str
-    model_name: str           # the stable id clients see (HTTP's /v1/models)
-    pooling: PoolingSpec
-    pooling_source: str
-    max_seq_len: int          # None: pad to the longest text of each batch
-    truncate_at: int          # tokens kept per text
-    num_layers: int
-    host: str = "127.0.0.1"
-    port: int = 5555
-    port_out: int = 5556
-    backend: str = "onnx"
-    device: str = "cpu"
-    fp16: bool = False
-    quantize: str = None      # None or "int8"
-    min_quant_cosine: float = 0.99
-    onnx_file: str = None     # set by backends.prepare_model
-    num_worker: int = 1
-    threads_per_worker: int = 1
-    priority_batch_size: int = 16
-    max_batch_size: int = 64
-    max_batch_tokens: int = 1024
-    batch_wait_ms: float = 0.0
-    prefetch_size: int = 2
-    show_tokens_to_client: bool = False
-    graceful_timeout: float = 30.0
-    max_pending_texts: int = 100_000  # texts of admitted, unfinished requests; past it: "busy"
-    max_request_mb: int = 128         # the largest message the request port accepts
-    server_key: str = None            # the server's .key_secret file: CURVE on the public ports
-    authorized_clients: str = None    # folder of client .key files allowed in; None admits any key
-    worker_port: int = None           # jobs port for workers on other hosts; results on the next one
-    http_port: int = None             # the built-in HTTP gateway's port; None: no gateway
-    http_host: str = None             # where the gateway listens (default: host)
-    api_key: str = None               # bearer key the HTTP embedding routes ask for
-    verbose: bool = False
+    model: str = choice(None, MODEL, "local Hugging Face model folder (default: the bundled all-MiniLM-L6-v2)")
+    model_name: str = choice(None, MODEL, "the model's id for HTTP clients (default: all-MiniLM-L6-v2 for the "
+                                          "bundled model, else the folder's name)")
+    pooling_strategy: str = choice(None, MODEL, "how token vectors become one vector (default: the model "
+                                                "folder's sentence-transformers pooling, else mean)",
+                                   choices=STRATEGIES)
+    pooling_layer: tuple = choice(None, MODEL, "hidden layer(s) to pool, negative from the top, 0 = embeddings; "
+                                               "several are concatenated (default: -1 for sentence-transformers "
+                                               "folders, else -2)", nargs="+", parse=int)
+    mask_cls_sep: bool = choice(False, MODEL, "leave [CLS] and [SEP] out of the pooling")
+    normalize: bool = choice(None, MODEL, "L2-normalise each embedding (default: as the model folder's "
+                                          "Normalize module says)")
+    max_seq_len: int = choice("auto", MODEL, "tokens kept per text, or 'none' for the model's limit with padding "
+                                             "to the longest text of each batch; 'auto' takes sentence-transformers' "
+                                             "max_seq_length, else the model's limit", parse=parse_max_seq_len)
+    show_tokens_to_client: bool = choice(False, MODEL, "allow clients to ask for their WordPiece tokens")
+
+    backend: str = choice(None, COMPUTE, "inference engine (default: onnx on cpu, torch on cuda)",
+                          choices=tuple(BACKENDS))
+    device: str = choice("cpu", COMPUTE, "where workers run the model", choices=DEVICES)
+    fp16: bool = choice(False, COMPUTE, "half precision (CUDA only)")
+    quantize: str = choice(None, COMPUTE, "dynamic int8 weights (onnx on cpu), served only if it passes the "
+                                          "accuracy check", choices=("int8",))
+    min_quant_cosine: float = choice(0.99, COMPUTE, "refuse int8 when its mean row cosine against fp32 on a "
+                                                    "built-in sample is lower")
+    num_worker: int = choice(None, COMPUTE, "worker processes (default: one per CPU core, or 1 on cuda)", minimum=1)
+    threads_per_worker: int = choice(None, COMPUTE, "intra-op threads per worker lane (default: cores / workers, "
+                                                    "so none are oversubscribed)", minimum=1)
+
+    priority_batch_size: int = choice(16, SCHEDULING, "requests of at most this many texts go to the "
+                                                      "high-priority queue, spread over the idle workers", minimum=1)
+    max_batch_size: int = choice(64, SCHEDULING, "larger requests are split into jobs of at most this many texts; "
+                                                 "also the row cap of one forward pass", minimum=1)
+    max_batch_tokens: int = choice(None, SCHEDULING, "cap on padded tokens (texts x longest) in one forward pass "
+                                                     "(default: 1024 on cpu, 16384 on cuda)", minimum=1)
+    batch_wait_ms: float = choice(0.0, SCHEDULING, "how long small requests may wait for others to share their "
+                                                   "forward pass", minimum=0)
+    prefetch_size: int = choice(2, SCHEDULING, "bulk jobs a worker receives and tokenizes ahead of the model",
+                                minimum=1)
+    graceful_timeout: float = choice(30.0, SCHEDULING, "seconds that in-flight requests get to finish on stop",
+                                     minimum=0)
+    max_pending_texts: int = choice(100_000, SCHEDULING, "texts of unfinished requests the server holds; a "
+                                                         "request past it gets an immediate 'server busy' error",
+                                    minimum=1)
+    max_request_mb: int = choice(128, SCHEDULING, "the largest request message accepted; a larger one drops its "
+                                                  "connection", minimum=1)
+
+    host: str = choice("127.0.0.1", NETWORK, "address to bind; 0.0.0.0 opens the ports to all")
+    port: int = choice(5555, NETWORK, "port for requests")
+    port_out: int = choice(5556, NETWORK, "port for results")
+    server_key: str = choice(None, NETWORK, "the server's .key_secret file (from `encoder-server keygen`): "
+                                            "CURVE-encrypt both ports")
+    authorized_clients: str = choice(None, NETWORK, "folder of client .key files; with it, only those clients "
+                                                    "may connect")
+    worker_port: int = choice(None, NETWORK, "accept workers from other hosts (`encoder-server worker`): jobs on "
+                                             "this port, results on the next one", port=True)
+    http_port: int = choice(None, NETWORK, "also serve the HTTP gateway on this port", port=True)
+    http_host: str = choice(None, NETWORK, "address for the HTTP gateway (default: --host)")
+    api_key: str = choice(None, NETWORK, "bearer key that HTTP embedding requests must carry")
+    verbose: bool = choice(False, None, "debug logging")
+
+    # derived by resolve() from the model folder, and by backends.prepare_model
+    pooling_source: str = None
+    truncate_at: int = None   # tokens kept per text
+    num_layers: int = None
+    hidden_size: int = None
+    onnx_file: str = None
+
+    @property
+    def pooling(self):
+        return PoolingSpec(self.pooling_strategy, self.pooling_layer, self.mask_cls_sep, self.normalize)
+
+    @property
+    def embedding_dim(self):
+        return self.pooling.output_width(self.hidden_size)
 
     def listening(self):
         """(host, port) of every port this server listens on."""
@@ -71,62 +124,50 @@ class Settings:
         return ports
 
     def public_config(self):
-        """What SHOW_CONFIG reveals: no file-system paths, no internal addresses."""
-        config = asdict(self)
-        config["model"] = os.path.basename(os.path.normpath(self.model))
-        config["pooling_strategy"] = self.pooling.strategy
-        config["pooling_layer"] = list(self.pooling.layers)
-        config["mask_cls_sep"] = self.pooling.mask_cls_sep
-        config["normalize"] = self.pooling.normalize
-        config["curve"] = self.server_key is not None
-        config["clients_authenticated"] = self.authorized_clients is not None
-        for private in ("pooling", "host", "onnx_file", "server_key", "authorized_clients", "api_key", "http_host"):
-            del config[private]
+        """What SHOW_CONFIG reveals: no file-system paths, no keys, no internal addresses."""
+        config = {name: value for name, value in asdict(self).items() if name not in _PRIVATE}
+        config.update(model=os.path.basename(os.path.normpath(self.model)), pooling_layer=list(self.pooling_layer),
+                      embedding_dim=self.embedding_dim, curve=self.server_key is not None,
+                      clients_authenticated=self.authorized_clients is not None)
         return config
 
 
-BUNDLED_MODEL_NAME = "all-MiniLM-L6-v2"
+CHOICES = tuple(f for f in fields(Settings) if "help" in f.metadata)
 
 
-def resolve(model=None, model_name=None, pooling_strategy=None, pooling_layer=None, mask_cls_sep=False, normalize=None,
-            max_seq_len="auto", num_worker=None, threads_per_worker=None, device="cpu", fp16=False,
-            backend=None, quantize=None, max_batch_tokens=None, **rest):
-    """Settings from user choices; every choice left as None takes the model folder's default."""
-    info = inspect_model_folder(model or default_model_path())
+def resolve(**choices):
+    """Settings from the user's choices (Settings' fields, by name); every choice left at None
+    takes the model folder's default. ConfigError, one line, for a choice that cannot work."""
+    chosen = Settings(**choices)
+    _check_bounds(chosen)
+    info = inspect_model_folder(chosen.model or default_model_path())
     from_st = info.st_pooling is not None
-    if pooling_strategy is None and info.st_pooling == UNSUPPORTED_POOLING:
+    if chosen.pooling_strategy is None and info.st_pooling == UNSUPPORTED_POOLING:
         raise ConfigError(f"--model {info.path}: its sentence-transformers pooling has no equivalent "
                           "here; choose one with --pooling-strategy")
-    pooling = PoolingSpec(
-        strategy=pooling_strategy or (info.st_pooling if from_st else "mean"),
-        layers=tuple(pooling_layer or ([-1] if from_st else [-2])),
-        mask_cls_sep=mask_cls_sep,
-        normalize=info.st_normalize if normalize is None else normalize)
-    _check_pooling(pooling, info.num_layers)
-    seq_len = _resolve_max_seq_len(max_seq_len, info, from_st)
-    backend = backend or DEFAULT_BACKEND[device]
-    _check_engine(device, fp16, backend, quantize)
-    if num_worker is None:
-        num_worker = _cpu_count() if device == "cpu" else 1
-    if max_batch_tokens is None:
-        max_batch_tokens = DEFAULT_BATCH_TOKENS[device]
-    _check_sizes(num_worker=num_worker, threads_per_worker=threads_per_worker or 1,
-                 max_batch_tokens=max_batch_tokens, **rest)
-    _check_keys(rest.get("server_key"), rest.get("authorized_clients"))
-    return Settings(
-        model=str(info.path), pooling=pooling,
-        model_name=model_name or (os.path.basename(info.path) if model else BUNDLED_MODEL_NAME),
+    device = chosen.device
+    num_worker = _unless_chosen(chosen.num_worker, _cpu_count() if device == "cpu" else 1)
+    settings = replace(
+        chosen, model=str(info.path),
+        model_name=chosen.model_name or (os.path.basename(info.path) if chosen.model else BUNDLED_MODEL_NAME),
+        pooling_strategy=chosen.pooling_strategy or (info.st_pooling if from_st else "mean"),
+        pooling_layer=tuple(chosen.pooling_layer or ([-1] if from_st else [-2])),
+        normalize=info.st_normalize if chosen.normalize is None else chosen.normalize,
         pooling_source="sentence-transformers config" if from_st else "bert-as-service defaults",
-        max_seq_len=seq_len, truncate_at=seq_len or info.max_positions, num_layers=info.num_layers,
-        device=device, fp16=fp16, backend=backend, quantize=quantize, num_worker=num_worker,
-        max_batch_tokens=max_batch_tokens,
-        threads_per_worker=threads_per_worker or _default_threads(num_worker, device), **rest)
+        max_seq_len=_resolve_max_seq_len(chosen.max_seq_len, info, from_st),
+        num_layers=info.num_layers, hidden_size=info.hidden_size,
+        backend=chosen.backend or default_backend(device), num_worker=num_worker,
+        threads_per_worker=_unless_chosen(chosen.threads_per_worker, _default_threads(num_worker, device)),
+        max_batch_tokens=_unless_chosen(chosen.max_batch_tokens, DEFAULT_BATCH_TOKENS[device]))
+    settings = replace(settings, truncate_at=settings.max_seq_len or info.max_positions)
+    _check_pooling(settings.pooling, info.num_layers)
+    _check_engine(settings)
+    _check_keys(settings.server_key, settings.authorized_clients)
+    return settings
 
 
 def _check_pooling(pooling, num_layers):
-    if pooling.strategy not in STRATEGIES:
-        raise ConfigError(f"--pooling-strategy {pooling.strategy}: choose one of {', '.join(STRATEGIES)}")
-    if pooling.mask_cls_sep and pooling.strategy not in _MASKABLE:
+    if pooling.mask_cls_sep and pooling.strategy not in MASKABLE:
         raise ConfigError(f"--mask-cls-sep has no meaning with --pooling-strategy {pooling.strategy}")
     for layer in pooling.layers:
         if not -(num_layers + 1) <= layer <= num_layers:
@@ -146,10 +187,30 @@ def _resolve_max_seq_len(value, info, from_st):
     return value
 
 
-def _check_engine(device, fp16, backend, quantize):
-    if fp16 and device != "cuda":
+def _check_bounds(settings):
+    """Each choice against its declared bounds, then the rules that tie two choices together."""
+    for choice_field in CHOICES:
+        value, bounds, flag = getattr(settings, choice_field.name), choice_field.metadata, _flag(choice_field.name)
+        if value is None:
+            continue
+        if "choices" in bounds and value not in bounds["choices"]:
+            raise ConfigError(f"{flag} {value}: choose one of {', '.join(bounds['choices'])}")
+        if bounds.get("minimum") is not None and value < bounds["minimum"]:
+            limit = "must not be negative" if bounds["minimum"] == 0 else f"must be at least {bounds['minimum']}"
+            raise ConfigError(f"{flag} {limit}, got {value}")
+        if bounds.get("port") and not 0 < value < 65535:
+            raise ConfigError(f"{flag} {value} is not a usable port")
+    if settings.priority_batch_size > settings.max_batch_size:
+        raise ConfigError("--priority-batch-size must not exceed --max-batch-size")
+    if not 0 < settings.min_quant_cosine <= 1:
+        raise ConfigError(f"--min-quant-cosine must be in (0, 1], got {settings.min_quant_cosine}")
+
+
+def _check_engine(settings):
+    device, backend = settings.device, settings.backend
+    if settings.fp16 and device != "cuda":
         raise ConfigError("--fp16 needs --device cuda")
-    if quantize and (backend != "onnx" or device != "cpu"):
+    if settings.quantize and (backend != "onnx" or device != "cpu"):
         raise ConfigError("--quantize int8 needs --backend onnx on --device cpu")
     if device == "cuda" and backend == "torch":
         import torch
@@ -159,22 +220,6 @@ def _check_engine(device, fp16, backend, quantize):
         import onnxruntime
         if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
             raise ConfigError("--device cuda --backend onnx needs the onnxruntime-gpu package")
-
-
-def _check_sizes(**sizes):
-    for name in ("num_worker", "threads_per_worker", "priority_batch_size", "max_batch_size",
-                 "max_batch_tokens", "prefetch_size", "max_pending_texts", "max_request_mb"):
-        if name in sizes and sizes[name] < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {sizes[name]}")
-    for name in ("worker_port", "http_port"):
-        if sizes.get(name) is not None and not 0 < sizes[name] < 65535:
-            raise ConfigError(f"--{name.replace('_', '-')} {sizes[name]} is not a usable port")
-    if sizes.get("priority_batch_size", 16) > sizes.get("max_batch_size", 64):
-        raise ConfigError("--priority-batch-size must not exceed --max-batch-size")
-    if not 0 < sizes.get("min_quant_cosine", 0.99) <= 1:
-        raise ConfigError(f"--min-quant-cosine must be in (0, 1], got {sizes['min_quant_cosine']}")
-    if sizes.get("batch_wait_ms", 0) < 0:
-        raise ConfigError(f"--batch-wait-ms must not be negative, got {sizes['batch_wait_ms']}")
 
 
 def _check_keys(server_key, authorized_clients):
@@ -188,6 +233,14 @@ def _check_keys(server_key, authorized_clients):
             load_key_pair(server_key)
         except (OSError, ValueError) as error:
             raise ConfigError(f"--server-key {server_key}: {error}") from None
+
+
+def _unless_chosen(value, default):
+    return default if value is None else value
+
+
+def _flag(name):
+    return "--" + name.replace("_", "-")
 
 
 def _cpu_count():

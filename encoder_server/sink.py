@@ -58,21 +58,20 @@ class Sink:
                 next_check = time.monotonic() + CHECK_INTERVAL
                 for seq in self.assembler.abandoned(self.subscriptions.is_listening, ABANDON_AFTER):
                     self.log.info("request %d: nobody has listened for it in %.0fs; giving it up", seq, ABANDON_AFTER)
-                    self.feedback.send_multipart(messages.number_frames(messages.GONE, seq))
+                    self.feedback.send_multipart(messages.Gone(seq).frames())
 
     def on_message(self, frames):
-        kind = frames[0].bytes
-        if kind == messages.PART:
-            header, array = messages.decode_part(frames[1].bytes, frames[2].buffer)
-            self.publish_result(self.assembler.add_part(header["seq"], header["offset"], array, header["tokens"],
-                                                        header.get("num_tokens", 0)))
-            self.feedback.send_multipart(messages.number_frames(messages.DONE, header["job_id"]))
-        elif kind == messages.REGISTER:
-            self.publish_result(self.assembler.register(*messages.decode_register([frame.bytes for frame in frames])))
-        elif kind == messages.PUBLISH:
-            self.deliver(frames[1].bytes, frames[1:])
-        elif kind == messages.FORGET:
-            self.forget(int(frames[1].bytes), frames[2].bytes.decode())
+        message = messages.decode_or_log(frames, self.log, "a worker or the ventilator")
+        if isinstance(message, messages.Part):
+            self.publish_result(self.assembler.add_part(message.seq, message.offset, message.array, message.tokens,
+                                                        message.num_tokens))
+            self.feedback.send_multipart(messages.Done(message.job_id).frames())
+        elif isinstance(message, messages.Register):
+            self.publish_result(self.assembler.register(message.seq, message.registration))
+        elif isinstance(message, messages.Publish):
+            self.deliver(message.identity, message.reply)
+        elif isinstance(message, messages.Forget):
+            self.forget(message.seq, message.error)
 
     def forget(self, seq, error):
         registration = self.assembler.forget(seq)

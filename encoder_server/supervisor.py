@@ -21,6 +21,7 @@ import threading
 from multiprocessing.connection import wait
 
 from .backends import prepare_model
+from .messages import WorkerExited
 from .model_folder import ConfigError
 from .runtime import Addresses, WorkerEndpoints
 from .security import own_client_keys, workers_use_curve
@@ -97,7 +98,7 @@ class Supervisor:
                   *([self.gateway.sentinel] if self.gateway else [])], timeout=WATCH_INTERVAL)
             try:
                 while self.events.poll():
-                    self.pool.kill(self.events.recv()[1])
+                    self.pool.kill(self.events.recv().pid)  # messages.WorkerSilent
             except EOFError:  # the ventilator has gone
                 self.ventilator.join(STOP_TIMEOUT)
             if self.ventilator.exitcode == 0:
@@ -115,7 +116,7 @@ class Supervisor:
 
     def tell_ventilator(self, pid, exitcode):
         try:
-            self.events.send(("exited", pid, exitcode))
+            self.events.send(WorkerExited(pid, exitcode))
         except OSError:
             pass  # the ventilator is gone; watch() stops the server
 

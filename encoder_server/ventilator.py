@@ -2,13 +2,10 @@
 
 Sockets: `frontend` (PULL, clients), `backend` (ROUTER, workers), `to_sink` (PUSH),
 `from_sink` (PULL: one DONE per finished job, GONE for requests nobody listens for), plus a pipe
-from the supervisor that reports worker exits.
-
-It watches workers' heartbeats: a worker silent for HEARTBEAT_LIVENESS intervals, or reported
-dead, is dropped, its jobs go to others, and a silent one is reported to the supervisor, which
-kills and replaces it. It sends every worker a heartbeat too, so a worker on another host that
-stops hearing from us connects again. Heartbeats carry the workers' metrics. Requests past their
-deadline or abandoned by their client are cancelled.
+from the supervisor that reports worker exits. Its logic lives in pure modules: intake.py checks
+requests, scheduling.py queues and deals jobs, liveness.py says which workers are alive, and
+messages.py is what it says to the other processes. Requests past their deadline or abandoned
+by their client are cancelled.
 
 Request and job numbers start at random, so parts computed for an earlier run of the server (a
 remote worker that outlived it) can never be taken for this run's.
@@ -22,12 +19,13 @@ import zmq
 
 from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, PROTOCOL_VERSION, ProtocolError, decode_request,
                                      encode_data, encode_error)
+from encoder_client.status import Requests, ServerStatus, Texts
 
 from . import __version__, messages
-from .assembly import Registration
 from .intake import is_loopback, parse_encode
+from .liveness import Liveness
 from .metrics import Metrics
-from .runtime import HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS, POLL_MS, make_socket, start_child
+from .runtime import POLL_MS, make_socket, start_child
 from .scheduling import Dispatcher
 from .security import curve_for, own_client_keys, workers_use_curve
 
@@ -39,14 +37,11 @@ class Ventilator:
         self.supervisor = supervisor  # a multiprocessing Connection, or None
         self.dispatcher = Dispatcher(settings.priority_batch_size, settings.max_batch_size,
                                      settings.prefetch_size, first_job_id=_random_start())
+        self.liveness = Liveness(socket.gethostname())
         self.next_seq = _random_start()
         self.started = time.monotonic()
         self.counters = Counter()
         self.metrics = Metrics()
-        self.admitted = {}    # seq -> monotonic time, for requests in flight
-        self.next_beat = 0.0
-        self.last_seen = {}   # worker identity -> monotonic time of its last message
-        self.local_pids = {}  # pid -> identity, for workers on this host
         self.draining = False
         context = zmq.Context.instance()
         curve, self.authenticator = curve_for(context, settings)
@@ -85,9 +80,8 @@ class Ventilator:
                 self.on_feedback(self.from_sink.recv_multipart())
             if self.supervisor is not None and self.supervisor.fileno() in events:
                 self.on_supervisor(poller, stop)
-            self.check_workers()
-            self.send_heartbeats()
-            for seq in self.dispatcher.expired(time.time()):
+            self.keep_workers()
+            for seq in self.dispatcher.expired(time.monotonic()):
                 self.end_request(seq, "expired")
             self.dispatch()
 
@@ -136,15 +130,14 @@ class Ventilator:
             return self.refuse_busy(request, f"server busy: {pending} texts pending, the limit is {limit}; "
                                              "retry later")
         seq = self.next_seq
-        registration = Registration(request.identity, request.req_id, len(request.texts), request.with_tokens)
+        registration = messages.Registration(request.identity, request.req_id, len(request.texts),
+                                             request.with_tokens)
         try:
-            self.to_sink.send_multipart(messages.register_frames(seq, registration), flags=zmq.NOBLOCK)
+            self.to_sink.send_multipart(messages.Register(seq, registration).frames(), flags=zmq.NOBLOCK)
         except zmq.Again:
             return self.refuse_busy(request, "server busy: the result queue is full; retry later")
         self.next_seq += 1
-        deadline = time.time() + request.timeout_s if request.timeout_s else None
-        self.admitted[seq] = time.monotonic()
-        self.dispatcher.submit(seq, request.identity, request.texts, deadline=deadline, queued_at=time.time(),
+        self.dispatcher.submit(seq, request.identity, request.texts, time.monotonic(), request.timeout_s,
                                is_tokenized=request.is_tokenized, with_tokens=request.with_tokens)
         self.log.debug("request %d: %d texts from %r", seq, len(request.texts), request.identity)
 
@@ -156,101 +149,87 @@ class Ventilator:
         """Stop a request early (expired, abandoned or failed): drop its queued jobs, and have the
         sink forget it and, with `error`, tell its client why."""
         skipped = self.dispatcher.cancel(seq)
-        self.admitted.pop(seq, None)
         if skipped is None:
             return
         self.counters[f"requests_{outcome}"] += 1
         self.counters[f"texts_{outcome}"] += skipped
         self.log.info("request %d %s: %d texts never computed", seq, outcome, skipped)
-        self.send_to_sink(messages.forget_frames(seq, error))
+        self.send_to_sink(messages.Forget(seq, error or "").frames())
 
     # ----- workers -----
 
     def on_worker(self, frames):
-        worker, kind = frames[0], frames[1]
-        if kind == messages.READY:
-            if worker in self.last_seen:  # it lost touch with us and connected again
-                self.lose_worker(worker, "connected again")
-            self.add_worker(worker, messages.decode_ready(frames[1:]))
-        elif worker not in self.last_seen:
-            return  # a worker already given up for dead
-        self.last_seen[worker] = time.monotonic()
-        if kind == messages.HEARTBEAT:
-            self.metrics.add(messages.decode_heartbeat(frames[1:]))
-        elif kind == messages.DROPPED:
-            job = self.dispatcher.job_dropped(int(frames[2]))
+        worker, now = frames[0], time.monotonic()
+        message = messages.decode_or_log(frames[1:], self.log, worker.decode(errors="replace"))
+        if isinstance(message, messages.Ready):
+            self.lose(self.liveness.ready(worker, message, now))
+            self.dispatcher.add_worker(worker)
+            self.log.info("%s ready (%d of %d)", worker.decode(errors="replace"), len(self.liveness),
+                          self.settings.num_worker)
+        elif message is None or not self.liveness.heard(worker, now):
+            return  # undecodable, or from a worker already given up for dead
+        elif isinstance(message, messages.Heartbeat):
+            self.metrics.add(message.metrics)
+        elif isinstance(message, messages.Dropped):
+            job = self.dispatcher.job_dropped(message.number)
             if job is not None:
                 self.counters["texts_expired"] += len(job.texts)
                 self.end_request(job.seq, "expired")
 
-    def add_worker(self, worker, info):
-        self.dispatcher.add_worker(worker)
-        if not info.get("remote") and info.get("host") == socket.gethostname():
-            self.local_pids[info["pid"]] = worker
-        self.log.info("%s ready (%d of %d)", worker.decode(errors="replace"), len(self.dispatcher.workers),
-                      self.settings.num_worker)
-
-    def check_workers(self):
-        silent_since = time.monotonic() - HEARTBEAT_INTERVAL * HEARTBEAT_LIVENESS
-        for worker in [worker for worker, seen in self.last_seen.items() if seen < silent_since]:
-            pid = self.lose_worker(worker, "stopped sending heartbeats")
-            if pid is not None and self.supervisor is not None:
-                self.supervisor.send(("silent", pid))
-
-    def send_heartbeats(self):
-        if time.monotonic() < self.next_beat:
-            return
-        self.next_beat = time.monotonic() + HEARTBEAT_INTERVAL
-        for worker in list(self.last_seen):
+    def keep_workers(self):
+        """Drop the workers that fell silent, and send the others their heartbeat when it is due."""
+        now = time.monotonic()
+        self.lose(self.liveness.silent(now))
+        for worker in self.liveness.beat_due(now):
             try:
-                self.backend.send_multipart([worker, messages.HEARTBEAT], flags=zmq.NOBLOCK)
+                self.backend.send_multipart([worker, *messages.Heartbeat().frames()], flags=zmq.NOBLOCK)
             except zmq.ZMQError:
-                self.lose_worker(worker, "cannot be reached")
+                self.lose(self.liveness.unreachable(worker))
 
     def on_supervisor(self, poller, stop):
         try:
-            _, pid, exitcode = self.supervisor.recv()  # ("exited", pid, exit code): it restarts the worker
+            exited = self.supervisor.recv()  # messages.WorkerExited: it restarts the worker
         except EOFError:
             self.log.error("the supervisor is gone; stopping")
             poller.unregister(self.supervisor.fileno())
             self.supervisor = None
             stop.set()
             return
-        self.counters["worker_restarts"] += 1
-        worker = self.local_pids.get(pid)
-        if worker is not None:
-            self.lose_worker(worker, f"exited with code {exitcode}")
+        self.lose(self.liveness.exited(exited.pid, exited.exitcode))
 
-    def lose_worker(self, worker, why):
-        """Drop a worker; its jobs go to others, and a job on its second dead worker fails its request."""
-        self.last_seen.pop(worker, None)
-        pid = next((pid for pid, known in self.local_pids.items() if known == worker), None)
-        self.local_pids.pop(pid, None)
-        requeued, poisoned = self.dispatcher.remove_worker(worker)
-        self.counters["jobs_redispatched"] += len(requeued)
-        self.log.warning("%s %s; %d of its unfinished jobs go to other workers", worker.decode(errors="replace"),
-                         why, len(requeued))
-        for job in poisoned:
-            last = job.offset + len(job.texts) - 1
-            self.end_request(job.seq, "failed", f"texts {job.offset} to {last} of this request made a worker "
-                                                "crash twice, so the request was dropped; check those inputs")
-        return pid
+    def lose(self, losses):
+        """Drop lost workers; their jobs go to others, and a job on its second dead worker fails its request."""
+        for loss in losses:
+            requeued, poisoned = self.dispatcher.remove_worker(loss.worker)
+            self.counters["jobs_redispatched"] += len(requeued)
+            self.log.warning("%s %s; %d of its unfinished jobs go to other workers",
+                             loss.worker.decode(errors="replace"), loss.why, len(requeued))
+            if loss.kill and loss.pid is not None and self.supervisor is not None:
+                self.supervisor.send(messages.WorkerSilent(loss.pid))
+            for job in poisoned:
+                last = job.offset + len(job.texts) - 1
+                self.end_request(job.seq, "failed", f"texts {job.offset} to {last} of this request made a worker "
+                                                    "crash twice, so the request was dropped; check those inputs")
 
     def on_feedback(self, frames):
-        if frames[0] == messages.GONE:
-            self.end_request(int(frames[1]), "abandoned")
-            return
-        seq = self.dispatcher.job_done(int(frames[1]))
-        if seq is not None:
+        message = messages.decode_or_log(frames, self.log, "the sink")
+        if isinstance(message, messages.Gone):
+            self.end_request(message.number, "abandoned")
+        elif isinstance(message, messages.Done):
+            self.finish_job(message.number)
+
+    def finish_job(self, job_id):
+        request = self.dispatcher.job_done(job_id)
+        if request is not None:
             self.counters["requests_served"] += 1
-            self.metrics.observe("request_seconds", time.monotonic() - self.admitted.pop(seq))
+            self.metrics.observe("request_seconds", time.monotonic() - request.admitted)
 
     def dispatch(self):
-        for worker, job in self.dispatcher.assignments():
+        for worker, job in self.dispatcher.assignments(time.monotonic()):
             try:
-                self.backend.send_multipart([worker, *messages.job_frames(job)], flags=zmq.NOBLOCK)
+                self.backend.send_multipart([worker, *job.frames()], flags=zmq.NOBLOCK)
             except zmq.ZMQError:  # gone (EHOSTUNREACH) or full: either way, not a worker to count on
-                self.lose_worker(worker, "cannot be reached")
+                self.lose(self.liveness.unreachable(worker))
 
     # ----- replies -----
 
@@ -267,7 +246,7 @@ class Ventilator:
             self.log.error("the sink is not keeping up; dropped a %s message", frames[0].decode())
 
     def publish(self, frames):
-        self.send_to_sink([messages.PUBLISH, *frames])
+        self.send_to_sink(messages.Publish(frames).frames())
 
     def reply_error(self, identity, req_id, message, code=None):
         self.publish(encode_error(identity, req_id, message, code))
@@ -278,30 +257,30 @@ class Ventilator:
 
     def status(self):
         workers = self.dispatcher.workers
-        return {
-            "ready": len(self.local_pids) >= self.settings.num_worker and not self.draining,
-            "workers_alive": len(workers),
-            "workers_expected": self.settings.num_worker,
-            "workers_remote": len(workers) - len(self.local_pids),
-            "workers_busy": sum(1 for texts in workers.values() if texts),
-            "worker_busy_texts": workers,
-            "worker_texts_encoded": self.dispatcher.worker_texts_encoded,
-            "worker_restarts": self.counters["worker_restarts"],
-            "jobs_redispatched": self.counters["jobs_redispatched"],
-            "queue_depth": {**self.dispatcher.queue_depths(), "pending_texts": self.dispatcher.pending_texts,
-                            "max_pending_texts": self.settings.max_pending_texts},
-            "in_flight_requests": self.dispatcher.in_flight_requests,
-            "requests_served": self.counters["requests_served"],
-            "requests": {outcome: self.counters[f"requests_{outcome}"]
-                         for outcome in ("served", "busy", "expired", "abandoned", "failed")},
-            "texts": {"encoded": self.dispatcher.texts_encoded,
-                      **{outcome: self.counters[f"texts_{outcome}"] for outcome in ("expired", "abandoned", "failed")}},
-            "replies_dropped": self.counters["replies_dropped"],
-            "draining": self.draining,
-            "uptime_s": round(time.monotonic() - self.started, 3),
-            "server_version": __version__,
-            "metrics": self.metrics.snapshot(),
-        }
+        return ServerStatus(
+            ready=self.liveness.local >= self.settings.num_worker and not self.draining,
+            workers_alive=len(workers),
+            workers_expected=self.settings.num_worker,
+            workers_remote=len(workers) - self.liveness.local,
+            workers_busy=sum(1 for texts in workers.values() if texts),
+            worker_busy_texts=workers,
+            worker_texts_encoded=self.dispatcher.worker_texts_encoded,
+            worker_restarts=self.liveness.restarts,
+            jobs_redispatched=self.counters["jobs_redispatched"],
+            queue_depth={**self.dispatcher.queue_depths(), "pending_texts": self.dispatcher.pending_texts,
+                         "max_pending_texts": self.settings.max_pending_texts},
+            in_flight_requests=self.dispatcher.in_flight_requests,
+            requests_served=self.counters["requests_served"],
+            requests={outcome: self.counters[f"requests_{outcome}"] for outcome in Requests.__annotations__},
+            texts={"encoded": self.dispatcher.texts_encoded,
+                   **{outcome: self.counters[f"texts_{outcome}"] for outcome in Texts.__annotations__
+                      if outcome != "encoded"}},
+            replies_dropped=self.counters["replies_dropped"],
+            draining=self.draining,
+            uptime_s=round(time.monotonic() - self.started, 3),
+            server_version=__version__,
+            metrics=self.metrics.snapshot(),
+        )
 
 
 def _random_start():

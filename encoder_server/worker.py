@@ -1,16 +1,20 @@
-"""A worker: a prefetch thread receives and tokenizes jobs while two lanes run the model.
+"""A worker: it receives jobs, tokenizes them ahead of the model, and runs them in two lanes.
 
-The priority lane runs small requests, the bulk lane split ones, each on its own thread, so a
-small request never waits for a bulk pass to finish. Sockets: `jobs` (DEALER to the ventilator,
-prefetch thread only) and one `results` PUSH to the sink per lane.
+Threads: `intake` alone uses the `jobs` socket (DEALER to the ventilator): it receives jobs,
+stamps their arrival, sends heartbeats and reports the jobs it dropped; it never tokenizes or
+computes, so neither delays a heartbeat nor skews an arrival time. `prefetch` tokenizes received
+jobs (the Embedder's first stage) and drops those whose budget ran out before it reached them.
+The priority lane runs small requests and the bulk lane split ones, each on its own thread with
+its own `results` PUSH to the sink, so a small request never waits for a bulk pass to finish.
+Their logic is in batching.py; the model is an Embedder (backends/).
 
-The prefetch thread also sends the ventilator a heartbeat every HEARTBEAT_INTERVAL, with the
-metrics recorded since the last one, unless a lane has been stuck in one pass for STALL_LIMIT:
-then the worker falls silent and is replaced. When it has not heard the ventilator's heartbeat for
-HEARTBEAT_LIVENESS intervals (a server restart, a broken network), it connects again and says
-READY anew, as in the ZeroMQ Guide's Paranoid Pirate.
+A heartbeat carries the metrics recorded since the last one. The worker falls silent, and so is
+replaced, when a stage has been stuck on one step for STALL_LIMIT. When it has not heard the
+ventilator for HEARTBEAT_LIVENESS intervals (a server restart, a broken network), it connects
+again and says READY anew, as in the ZeroMQ Guide's Paranoid Pirate.
 """
 import os
+import queue
 import socket
 import threading
 import time
@@ -18,15 +22,13 @@ import time
 import zmq
 
 from . import fault_injection, messages
-from .backends import load_encoder
-from .batching import BULK, PRIORITY, BatchPlanner, drain
+from .backends.embedder import Embedder
+from .batching import BULK, PRIORITY, BatchPlanner, Tokenized
+from .liveness import HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS
 from .metrics import Metrics
-from .runtime import HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS, POLL_MS, make_socket, start_child
-from .scheduling import Job
-from .tokenizer import TextTokenizer
+from .runtime import POLL_MS, make_socket, start_child
 
 STALL_LIMIT = 120.0
-
 WARMUP_TEXTS = ["warm up the model", "a second, somewhat longer sentence to warm up the model"]
 
 
@@ -38,20 +40,19 @@ class Worker:
         self.endpoints = endpoints
         self.remote = remote
         self.metrics = Metrics()
-        self.tokenizer = TextTokenizer(settings.model, settings.truncate_at)
-        self.encoder = load_encoder(settings)
-        self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.tokenizer.pad_id)
+        self.embedder = Embedder(settings)
+        self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.embedder.tokenizer.pad_id)
         self.batch_wait_s = settings.batch_wait_ms / 1000
+        self.received = queue.SimpleQueue()  # (job, monotonic arrival), from intake to prefetch
+        self.dropped = queue.SimpleQueue()   # job ids whose budget ran out, for intake to report
         self.buffered = threading.Condition()
         self.failed = False
-        self.pass_started = {}  # lane -> monotonic start of the pass it is running
-        self.warm_up()
+        self.busy_since = {}  # stage (prefetch or a lane) -> monotonic start of the step it is on
+        self.embedder.embed_texts(WARMUP_TEXTS)
 
-    def warm_up(self):
-        self.planner.add(self.tokenizer.tokenize(Job(job_id=0, seq=0, offset=0, texts=WARMUP_TEXTS)))
-        drain(self.planner, self.encoder.embed)
+    # ----- intake: the jobs socket -----
 
-    def prefetch(self):
+    def intake(self):
         jobs = self.connect_jobs()
         heard = next_beat = time.monotonic()
         try:
@@ -59,10 +60,10 @@ class Worker:
                 if jobs.poll(POLL_MS):
                     frames = jobs.recv_multipart()
                     heard = time.monotonic()
-                    if frames[0] == messages.JOB:
-                        self.take(messages.decode_job(frames), jobs)
+                    self.on_message(frames, heard)
+                self.report_dropped(jobs)
                 if time.monotonic() >= next_beat and not self.stalled():
-                    jobs.send_multipart(messages.heartbeat_frames(self.metrics.take()))
+                    jobs.send_multipart(messages.Heartbeat(self.metrics.take()).frames())
                     next_beat = time.monotonic() + HEARTBEAT_INTERVAL
                 if time.monotonic() - heard > HEARTBEAT_INTERVAL * HEARTBEAT_LIVENESS and not self.stalled():
                     self.log.warning("no heartbeat from the ventilator in %.0fs; connecting again",
@@ -70,31 +71,55 @@ class Worker:
                     jobs.close(linger=0)
                     jobs, heard = self.connect_jobs(), time.monotonic()
         except Exception:
-            self.log.exception("prefetch failed; stopping this worker")
-            self.failed = True
-            self.stop.set()
+            self.fail("intake")
         finally:
             jobs.close(linger=0)
 
     def connect_jobs(self):
         jobs = make_socket(zmq.Context.instance(), zmq.DEALER, connect=self.endpoints.jobs,
                            identity=self.name.encode(), curve_client=self.endpoints.curve)
-        jobs.send_multipart(messages.ready_frames(os.getpid(), socket.gethostname(), self.remote))
+        jobs.send_multipart(messages.Ready(os.getpid(), socket.gethostname(), self.remote).frames())
         return jobs
 
-    def take(self, job, jobs):
-        if job.deadline is not None and time.time() > job.deadline:
-            jobs.send_multipart(messages.number_frames(messages.DROPPED, job.job_id))
-            return
-        fault_injection.inject(job.texts)
-        tokenized = self.tokenizer.tokenize(job)
-        with self.buffered:
-            self.planner.add(tokenized)
-            self.buffered.notify_all()
+    def on_message(self, frames, arrived):
+        message = messages.decode_or_log(frames, self.log, "the ventilator")
+        if isinstance(message, messages.Job):
+            self.received.put((message, arrived))
+
+    def report_dropped(self, jobs):
+        while not self.dropped.empty():
+            jobs.send_multipart(messages.Dropped(self.dropped.get()).frames())
 
     def stalled(self):
         now = time.monotonic()
-        return any(now - started > STALL_LIMIT for started in list(self.pass_started.values()))
+        return any(now - started > STALL_LIMIT for started in list(self.busy_since.values()))
+
+    # ----- prefetch: tokenize ahead of the model -----
+
+    def prefetch(self):
+        try:
+            while not self.stop.is_set():
+                try:
+                    job, arrived = self.received.get(timeout=POLL_MS / 1000)
+                except queue.Empty:
+                    continue
+                self.busy_since["prefetch"] = time.monotonic()
+                self.take(job, arrived)
+                del self.busy_since["prefetch"]
+        except Exception:
+            self.fail("prefetch")
+
+    def take(self, job, arrived):
+        if job.spent(arrived, time.monotonic()):
+            self.dropped.put(job.job_id)
+            return
+        fault_injection.inject(job.texts)
+        encoding = self.embedder.tokenize(job.texts, job.is_tokenized, job.with_tokens)
+        with self.buffered:
+            self.planner.add(Tokenized(job, encoding, arrived))
+            self.buffered.notify_all()
+
+    # ----- lanes: the model -----
 
     def compute(self, lane):
         results = make_socket(zmq.Context.instance(), zmq.PUSH, connect=self.endpoints.results,
@@ -103,25 +128,23 @@ class Worker:
             while not self.stop.is_set():
                 batch = self._next_pass(lane)
                 if batch is not None:
-                    pooled = self.run_pass(lane, batch)
-                    for job in batch.scatter(pooled):
-                        results.send_multipart(
-                            messages.part_frames(job.seq, job.job_id, job.offset, job.result(), job.tokens,
-                                                 job.num_tokens), copy=False)
+                    for done in batch.scatter(self.run_pass(lane, batch)):
+                        part = messages.Part(done.job.seq, done.job.job_id, done.job.offset, done.result(),
+                                             done.encoding.tokens, done.encoding.num_tokens)
+                        results.send_multipart(part.frames(), copy=False)
         except Exception:
-            self.log.exception("%s lane failed; stopping this worker", lane)
-            self.failed = True
-            self.stop.set()
+            self.fail(f"{lane} lane")
         finally:
             results.close(linger=1000)
 
     def run_pass(self, lane, batch):
-        for wait in batch.start(time.time()):
+        for wait in batch.start(time.monotonic()):
             self.metrics.observe("queue_seconds", wait)
-        started = self.pass_started[lane] = time.monotonic()
-        pooled = self.encoder.embed(batch)
-        del self.pass_started[lane]
-        self.metrics.record_pass(len(batch.rows), batch.real_tokens, batch.padded_tokens, time.monotonic() - started)
+        started = self.busy_since[lane] = time.monotonic()
+        pooled = self.embedder.run(batch.inputs)
+        del self.busy_since[lane]
+        self.metrics.record_pass(len(batch.rows), batch.inputs.real_tokens, batch.inputs.padded_tokens,
+                                 time.monotonic() - started)
         return pooled
 
     def _next_pass(self, lane):
@@ -133,23 +156,29 @@ class Worker:
                 return None
             return self.planner.next_pass(lane)
 
+    def fail(self, stage):
+        self.log.exception("%s failed; stopping this worker", stage)
+        self.failed = True
+        self.stop.set()
+
 
 def run_worker(settings, endpoints, index, remote=False):
     name = f"{socket.gethostname()}/worker-{index}" if remote else f"worker-{index}"
     log, stop = start_child(name, settings.verbose)
     worker = Worker(settings, endpoints, f"{name}:{os.getpid()}", log, stop, remote)
-    prefetcher = threading.Thread(target=worker.prefetch, name="prefetch", daemon=True)
-    priority_lane = threading.Thread(target=worker.compute, args=(PRIORITY,), name="priority", daemon=True)
-    prefetcher.start()
-    priority_lane.start()
+    threads = [threading.Thread(target=worker.intake, name="intake", daemon=True),
+               threading.Thread(target=worker.prefetch, name="prefetch", daemon=True),
+               threading.Thread(target=worker.compute, args=(PRIORITY,), name="priority", daemon=True)]
+    for thread in threads:
+        thread.start()
     log.info("serving on %s with %s, %d thread(s) per lane", settings.device, settings.backend,
              settings.threads_per_worker)
     try:
         worker.compute(BULK)
     finally:
         stop.set()
-        priority_lane.join(timeout=10)
-        prefetcher.join(timeout=2)
+        for thread in reversed(threads):
+            thread.join(timeout=10)
     if worker.failed:
         raise SystemExit(1)
     log.info("stopped")

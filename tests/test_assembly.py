@@ -4,7 +4,8 @@ import time
 import numpy as np
 import pytest
 
-from encoder_server.assembly import Assembler, Registration
+from encoder_server.assembly import Assembler
+from encoder_server.messages import Registration
 
 
 def part(offset, n, dim=3):

@@ -1,9 +1,12 @@
-"""encoder_server.batching (TokenizedJob, BatchPlanner, Pass.scatter) and encoder_server.arrays."""
+"""encoder_server.batching (Tokenized, BatchPlanner, Batch.scatter), encoder_server.backends.passes and
+encoder_server.arrays."""
 import numpy as np
 import pytest
 
 from encoder_server.arrays import concat_parts, pad_token_axis, stack_rows
-from encoder_server.batching import BULK, MIN_PADDING, PRIORITY, BatchPlanner, TokenizedJob
+from encoder_server.backends.passes import Encoding, cut_by_length, fitting_prefix
+from encoder_server.batching import BULK, MIN_PADDING, PRIORITY, BatchPlanner, Tokenized
+from encoder_server.messages import Job
 
 CLS, SEP = 101, 102
 
@@ -15,13 +18,14 @@ def make_job(lengths, priority=False, job_id=1, seq=1, offset=0):
         assert length >= 3
         ids.append([CLS, 1000 * job_id + row] + [5] * (length - 3) + [SEP])
         special.append([1] + [0] * (length - 2) + [1])
-    return TokenizedJob(job_id=job_id, seq=seq, offset=offset, priority=priority, ids=ids, special=special)
+    job = Job(job_id, seq, offset, texts=["x"] * len(lengths), priority=priority)
+    return Tokenized(job, Encoding(ids, special))
 
 
 def fake_model(batch):
     """What a model would see: one output per padded row, [marker id, real length]."""
-    markers = batch.input_ids[:, 1].astype(np.float32)
-    lengths = batch.attention_mask.sum(axis=1).astype(np.float32)
+    markers = batch.inputs.input_ids[:, 1].astype(np.float32)
+    lengths = batch.inputs.attention_mask.sum(axis=1).astype(np.float32)
     return np.stack([markers, lengths], axis=1)
 
 
@@ -53,14 +57,14 @@ def test_passes_respect_budgets_and_cover_every_row_once(seed, max_tokens, max_s
     seen = []
     for batch in all_passes(planner):
         lengths = row_lengths(batch)
-        n, longest = batch.input_ids.shape
+        n, longest = batch.inputs.input_ids.shape
         assert n == len(batch.rows) >= 1
         assert longest == max(lengths)
         assert n <= max_size
         assert n * longest <= max_tokens or n == 1
         assert lengths == sorted(lengths)
-        seen.extend((job.job_id, row) for job, row in batch.rows)
-    expected = [(job.job_id, row) for job in jobs for row in range(len(job.ids))]
+        seen.extend((job.job.job_id, row) for job, row in batch.rows)
+    expected = [(job.job.job_id, row) for job in jobs for row in range(len(job.ids))]
     assert sorted(seen) == sorted(expected)
     assert len(seen) == len(expected)
     assert not planner
@@ -69,7 +73,7 @@ def test_passes_respect_budgets_and_cover_every_row_once(seed, max_tokens, max_s
 def test_single_overlong_row_goes_alone():
     planner = BatchPlanner(max_batch_tokens=10, max_batch_size=8)
     planner.add(make_job([4, 30, 5]))
-    shapes = [b.input_ids.shape for b in all_passes(planner)]
+    shapes = [b.inputs.input_ids.shape for b in all_passes(planner)]
     assert (1, 30) in shapes
     assert all(n * longest <= 10 or n == 1 for n, longest in shapes)
 
@@ -77,14 +81,14 @@ def test_single_overlong_row_goes_alone():
 def test_budget_used_fully_when_rows_equal():
     planner = BatchPlanner(max_batch_tokens=40, max_batch_size=256)
     planner.add(make_job([10] * 9))
-    shapes = [b.input_ids.shape for b in all_passes(planner)]
+    shapes = [b.inputs.input_ids.shape for b in all_passes(planner)]
     assert shapes == [(4, 10), (4, 10), (1, 10)]
 
 
 def test_max_batch_size_caps_rows():
     planner = BatchPlanner(max_batch_tokens=10 ** 6, max_batch_size=3)
     planner.add(make_job([3] * 7))
-    assert [b.input_ids.shape[0] for b in all_passes(planner)] == [3, 3, 1]
+    assert [b.inputs.input_ids.shape[0] for b in all_passes(planner)] == [3, 3, 1]
 
 
 def test_empty_planner():
@@ -100,15 +104,15 @@ def test_padding_uses_pad_id_and_masks_are_right():
     job = make_job([6, 3, 4])
     planner.add(job)
     (batch,) = all_passes(planner)
-    assert batch.input_ids.dtype == np.int64
-    assert batch.input_ids.shape == (3, 6)
+    assert batch.inputs.input_ids.dtype == np.int64
+    assert batch.inputs.input_ids.shape == (3, 6)
     for i, (j, row) in enumerate(batch.rows):
-        ids, special = job.ids[row], job.special[row]
+        ids, special = job.ids[row], job.encoding.special[row]
         n = len(ids)
-        assert list(batch.input_ids[i, :n]) == ids
-        assert np.all(batch.input_ids[i, n:] == 7)
-        assert list(batch.attention_mask[i]) == [1] * n + [0] * (6 - n)
-        assert list(batch.special_tokens_mask[i]) == special + [0] * (6 - n)
+        assert list(batch.inputs.input_ids[i, :n]) == ids
+        assert np.all(batch.inputs.input_ids[i, n:] == 7)
+        assert list(batch.inputs.attention_mask[i]) == [1] * n + [0] * (6 - n)
+        assert list(batch.inputs.special_tokens_mask[i]) == special + [0] * (6 - n)
     assert [row for _, row in batch.rows] == [1, 2, 0]     # sorted by length 3, 4, 6
 
 
@@ -148,7 +152,7 @@ def test_several_priority_jobs_share_one_pass():
     planner.add(a)
     planner.add(b)
     (batch,) = all_passes(planner)
-    assert {job.job_id for job, _ in batch.rows} == {1, 2}
+    assert {job.job.job_id for job, _ in batch.rows} == {1, 2}
     assert row_lengths(batch) == [3, 5, 6, 8]
     completed = batch.scatter(fake_model(batch))
     assert set(completed) == {a, b}
@@ -160,7 +164,7 @@ def test_bulk_jobs_run_in_arrival_order():
     planner.add(first)
     planner.add(second)
     batches = all_passes(planner)
-    assert [[job.job_id for job, _ in b.rows] for b in batches] == [[1, 1], [2, 2]]
+    assert [[job.job.job_id for job, _ in b.rows] for b in batches] == [[1, 1], [2, 2]]
 
 
 # ----- merging bulk jobs of different requests -----
@@ -171,7 +175,7 @@ def test_bulk_jobs_of_similar_length_share_a_pass():
     planner.add(a)
     planner.add(b)
     (batch,) = all_passes(planner)
-    assert sorted(job.job_id for job, _ in batch.rows) == [1, 1, 1, 2, 2, 2]
+    assert sorted(job.job.job_id for job, _ in batch.rows) == [1, 1, 1, 2, 2, 2]
     assert set(batch.scatter(fake_model(batch))) == {a, b}
 
 
@@ -180,7 +184,7 @@ def test_short_rows_of_a_later_job_are_never_padded_to_a_long_pass():
     planner.add(make_job([40], job_id=1))
     planner.add(make_job([4] * 5 + [35], job_id=2))
     first, second = all_passes(planner)
-    assert [(job.job_id, len(job.ids[row])) for job, row in first.rows] == [(2, 35), (1, 40)]
+    assert [(job.job.job_id, len(job.ids[row])) for job, row in first.rows] == [(2, 35), (1, 40)]
     assert row_lengths(second) == [4] * 5
 
 
@@ -190,7 +194,7 @@ def test_top_up_takes_the_longest_rows_that_fit_and_respects_the_budget():
     planner.add(make_job([8, 9, 9, 10, 10, 30], job_id=2))
     first = all_passes(planner)[0]
     assert row_lengths(first) == [9, 10, 10, 10]     # 4 x 10 tokens: the budget, longest fitting rows first
-    assert first.input_ids.shape == (4, 10)
+    assert first.inputs.input_ids.shape == (4, 10)
 
 
 def test_oldest_bulk_job_anchors_every_pass():
@@ -218,7 +222,7 @@ def test_each_bulk_pass_starts_from_the_oldest_jobs_longest_row():
     old = make_job([5, 50, 20], job_id=1)
     planner.add(old)
     planner.add(make_job([60, 48, 19, 6], job_id=2))
-    passes = [[(job.job_id, len(job.ids[row])) for job, row in batch.rows] for batch in all_passes(planner)]
+    passes = [[(job.job.job_id, len(job.ids[row])) for job, row in batch.rows] for batch in all_passes(planner)]
     # rows at most a quarter shorter join the anchor; a longer row never does
     assert passes == [[(2, 48), (1, 50)], [(2, 19), (1, 20)], [(1, 5)], [(2, 60)], [(2, 6)]]
 
@@ -230,9 +234,9 @@ def test_lanes_keep_priority_and_bulk_rows_apart():
     planner.add(make_job([5, 5], job_id=1))
     planner.add(make_job([5], priority=True, job_id=2))
     bulk = planner.next_pass(BULK)
-    assert [job.job_id for job, _ in bulk.rows] == [1, 1]
+    assert [job.job.job_id for job, _ in bulk.rows] == [1, 1]
     assert planner.next_pass(BULK) is None
-    assert [job.job_id for job, _ in planner.next_pass(PRIORITY).rows] == [2]
+    assert [job.job.job_id for job, _ in planner.next_pass(PRIORITY).rows] == [2]
     assert planner.next_pass(PRIORITY) is None
 
 
@@ -300,8 +304,8 @@ def test_token_level_outputs_padded_in_result():
     job = make_job([3, 3, 3, 6], job_id=1)
     planner.add(job)
     for batch in all_passes(planner):
-        n, seq = batch.input_ids.shape
-        out = np.ones((n, seq, 2), dtype=np.float32) * batch.attention_mask[:, :, None]
+        n, seq = batch.inputs.input_ids.shape
+        out = np.ones((n, seq, 2), dtype=np.float32) * batch.inputs.attention_mask[:, :, None]
         batch.scatter(out)
     result = job.result()
     assert result.shape == (4, 6, 2)
@@ -357,3 +361,33 @@ def test_pad_token_axis():
     assert pad_token_axis(a, 1, axis=1).shape == (1, 2, 3)   # never truncates
     b = np.ones((2, 3))
     np.testing.assert_array_equal(pad_token_axis(b, 4, axis=0), np.vstack([b, np.zeros((2, 3))]))
+
+
+# ----- queue waits, and the length-sorted cut that in-process embedding uses -----
+
+def test_queue_wait_is_the_ventilators_wait_plus_ours_counted_once():
+    job = Tokenized(Job(1, 1, 0, ["x"], priority=True, waited_ms=250.0), Encoding([[CLS, 5, SEP]], [[1, 0, 1]]),
+                    arrived=10.0)
+    planner = BatchPlanner()
+    planner.add(job)
+    batch = planner.next_pass()
+    assert batch.start(now=10.5) == [pytest.approx(0.75)]
+    assert batch.start(now=11.0) == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("max_tokens, max_rows", [(64, 256), (100, 4), (30, 3), (1000, 7)])
+def test_cut_by_length_covers_every_row_once_within_budgets(seed, max_tokens, max_rows):
+    lengths = list(np.random.default_rng(seed).integers(3, 40, size=50))
+    groups = cut_by_length(lengths, max_tokens, max_rows)
+    assert sorted(i for group in groups for i in group) == list(range(50))
+    for group in groups:
+        longest = max(lengths[i] for i in group)
+        assert len(group) <= max_rows and (len(group) * longest <= max_tokens or len(group) == 1)
+    assert [lengths[i] for group in groups for i in group] == sorted(lengths)
+
+
+def test_fitting_prefix_takes_one_row_even_when_it_alone_is_over_budget():
+    assert fitting_prefix([50, 60], max_tokens=10, max_rows=8) == 1
+    assert fitting_prefix([3, 3, 3, 4], max_tokens=12, max_rows=8) == 3
+    assert fitting_prefix([3, 3, 3, 3], max_tokens=100, max_rows=2) == 2

@@ -4,14 +4,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from encoder_server.backends import load_encoder, prepare_model
+from encoder_server import Embedder
+from encoder_server.backends import prepare_model
 from encoder_server.backends.model_cache import onnx_files
 from encoder_server.backends.quantization_check import check_int8, row_cosine
-from encoder_server.batching import BatchPlanner, drain
 from encoder_server.model_folder import ConfigError
-from encoder_server.scheduling import Job
 from encoder_server.settings import resolve
-from encoder_server.tokenizer import TextTokenizer
 
 from conftest import random_texts, running_server
 
@@ -19,16 +17,13 @@ TEXTS = random_texts(23, seed=7, max_words=40) + ["cat"]
 
 
 def embed(settings, texts=TEXTS):
-    tokenizer = TextTokenizer(settings.model, settings.truncate_at)
-    planner = BatchPlanner(max_batch_tokens=300, max_batch_size=8, pad_id=tokenizer.pad_id)  # several padded passes
-    job = tokenizer.tokenize(Job(job_id=1, seq=1, offset=0, texts=texts))
-    planner.add(job)
-    drain(planner, load_encoder(settings).embed)
-    return job.result()
+    return Embedder(settings).embed_texts(texts)
 
 
 def settings_for(model, backend, **choices):
-    return prepare_model(resolve(model=str(model), backend=backend, num_worker=1, threads_per_worker=1, **choices))
+    """Small token budgets, so that TEXTS take several padded passes."""
+    return prepare_model(resolve(model=str(model), backend=backend, num_worker=1, threads_per_worker=1,
+                                 max_batch_tokens=300, max_batch_size=8, priority_batch_size=8, **choices))
 
 
 @pytest.mark.parametrize("strategy", ["mean", "max", "mean_max", "cls", "last", "none"])
@@ -55,7 +50,7 @@ def test_export_cache_is_reused_and_keyed_by_what_is_baked_in(tiny_model, onnx_c
     built_at = first.stat().st_mtime_ns
     again, _ = onnx_files(settings)
     assert again == first and again.stat().st_mtime_ns == built_at
-    other, _ = onnx_files(dataclasses.replace(settings, pooling=dataclasses.replace(settings.pooling, layers=(2,))))
+    other, _ = onnx_files(dataclasses.replace(settings, pooling_layer=(2,)))
     assert other != first and other.parent.parent == onnx_cache
 
 

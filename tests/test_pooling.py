@@ -1,9 +1,10 @@
-"""encoder_server.pooling.pool against a plain numpy reference."""
+"""encoder_server.backends.pooling: pool against a plain numpy reference, and output widths."""
 import numpy as np
 import pytest
 import torch
 
-from encoder_server.pooling import pool
+from encoder_server.backends.pooling import MASKABLE as MASKABLE_STRATEGIES
+from encoder_server.backends.pooling import STRATEGIES, PoolingSpec, pool
 
 N, SEQ, DIM, STATES = 4, 7, 5, 4          # STATES = embedding output + 3 layers
 LENGTHS = [7, 4, 2, 5]                     # ragged rows, padding at the end
@@ -74,8 +75,19 @@ def run_pool(hidden, layers, strategy, attention, special=None, normalize=False,
     return out.float().numpy()
 
 
-ALL = ["mean", "max", "mean_max", "cls", "last", "none"]
+ALL = ["mean", "max", "mean_max", "cls", "last", "none"]  # the strategies ref_pool knows
 MASKABLE = ["mean", "max", "mean_max", "none"]
+
+
+def test_the_reference_knows_every_strategy_there_is():
+    assert ALL == list(STRATEGIES) and MASKABLE == list(MASKABLE_STRATEGIES)
+
+
+@pytest.mark.parametrize("strategy", ALL)
+@pytest.mark.parametrize("layers", [(-1,), (3, 0, -1)])
+def test_the_declared_output_width_is_what_pooling_computes(strategy, layers):
+    hidden, attention, _ = make_inputs(3)
+    assert run_pool(hidden, layers, strategy, attention).shape[-1] == PoolingSpec(strategy, layers).output_width(DIM)
 
 
 # ----- tests -----

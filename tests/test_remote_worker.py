@@ -293,7 +293,7 @@ def _intruder(context, endpoint, identity, keys=None):
     if keys:
         sock.curve_serverkey, (sock.curve_publickey, sock.curve_secretkey) = keys[0], keys[1]
     sock.connect(endpoint)
-    sock.send_multipart(messages.ready_frames(os.getpid(), "intruder", True))
+    sock.send_multipart(messages.Ready(os.getpid(), "intruder", True).frames())
     return sock
 
 
@@ -332,7 +332,7 @@ def test_curve_worker_ports_admit_authorized_workers_only(tiny_model, tmp_path, 
             while time.monotonic() < watched_until:
                 for sock in intruders:
                     try:
-                        sock.send_multipart(messages.heartbeat_frames({}), flags=zmq.NOBLOCK)
+                        sock.send_multipart(messages.Heartbeat().frames(), flags=zmq.NOBLOCK)
                     except zmq.Again:
                         pass
                 state = status(server)

@@ -4,7 +4,9 @@ import json
 import pytest
 
 from encoder_server.model_folder import ConfigError, inspect_model_folder
-from encoder_server.settings import resolve
+from encoder_server.backends import BACKENDS
+from encoder_server.backends.pooling import STRATEGIES, PoolingSpec
+from encoder_server.settings import CHOICES, resolve
 
 
 def write(path, data):
@@ -269,3 +271,37 @@ def test_public_config_has_no_path_and_no_host(tmp_path, suffix):
 def test_sizes_that_would_strand_jobs_are_refused(tmp_path, sizes, message):
     with pytest.raises(ConfigError, match=message):
         resolve(model=plain_folder(tmp_path), **sizes)
+
+
+# ----- one source: Settings declares each choice, the CLI and SHOW_CONFIG follow -----
+
+def test_every_choice_is_a_start_option_with_the_declared_default():
+    from encoder_server.cli import _parser
+    args = vars(_parser().parse_args(["start"]))
+    del args["run"]
+    assert args == {choice.name: choice.default for choice in CHOICES}
+
+
+def test_option_choices_come_from_pooling_and_the_backend_table():
+    from encoder_server.cli import _parser
+    for strategy in STRATEGIES:
+        assert _parser().parse_args(["start", "--pooling-strategy", strategy]).pooling_strategy == strategy
+    for backend in BACKENDS:
+        assert _parser().parse_args(["start", "--backend", backend]).backend == backend
+    for flag, value in (("--pooling-strategy", "median"), ("--backend", "tensorrt"), ("--device", "tpu")):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["start", flag, value])
+
+
+def test_show_config_reports_the_choices_under_their_own_names_and_the_real_width(tmp_path):
+    settings = resolve(model=str(st_folder(tmp_path, modes=("pooling_mode_mean_tokens",))),
+                       pooling_strategy="mean_max", pooling_layer=[-1, -2])
+    config = settings.public_config()
+    assert {choice.name for choice in CHOICES} - set(config) == {"host", "server_key", "authorized_clients",
+                                                                 "api_key", "http_host"}
+    assert config["embedding_dim"] == 32 * 2 * 2 == PoolingSpec("mean_max", (-1, -2)).output_width(32)
+
+
+def test_an_unknown_choice_is_refused_by_name(tmp_path):
+    with pytest.raises(TypeError, match="pooling_mode"):
+        resolve(model=str(plain_folder(tmp_path)), pooling_mode="mean")

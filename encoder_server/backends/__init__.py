@@ -1,25 +1,40 @@
-"""Model backends. Each one takes a padded Pass and returns pooled float32 embeddings:
+"""Model backends, and the Embedder built on them.
 
-    encoder.embed(pass_) -> np.ndarray   # [n, dim], or [n, seq, dim] for `none` pooling
+A backend runs one padded Pass (backends.passes) through the pooled encoder:
+
+    backend.run(pass_) -> np.ndarray   # [n, dim], or [n, seq, dim] for token-level pooling
+
+BACKENDS is the one table of them: the settings and the CLI take their names from it, and
+load_backend builds from it.
 """
+from dataclasses import dataclass, replace
+from importlib import import_module
 
 
-def load_encoder(settings):
-    if settings.backend == "torch":
-        from .torch_backend import TorchEncoder
-        return TorchEncoder(settings)
-    if settings.backend == "onnx":
-        from .onnx_backend import OnnxEncoder
-        return OnnxEncoder(settings)
-    raise ValueError(f"unknown backend {settings.backend!r}")
+@dataclass(frozen=True)
+class BackendKind:
+    module: str        # the module under encoder_server.backends that holds it
+    class_name: str
+    default_on: tuple  # the devices it is the default on
+
+
+BACKENDS = {"onnx": BackendKind("onnx_backend", "OnnxBackend", default_on=("cpu",)),
+            "torch": BackendKind("torch_backend", "TorchBackend", default_on=("cuda",))}
+
+
+def default_backend(device):
+    return next(name for name, kind in BACKENDS.items() if device in kind.default_on)
+
+
+def load_backend(settings):
+    kind = BACKENDS[settings.backend]
+    return getattr(import_module(f".{kind.module}", __name__), kind.class_name)(settings)
 
 
 def prepare_model(settings):
     """Settings ready for workers: for onnx, the cached (built once) file to serve, int8 checked first."""
     if settings.backend != "onnx":
         return settings
-    from dataclasses import replace
-
     from .model_cache import onnx_files
     fp32_file, served_file = onnx_files(settings)
     if settings.quantize == "int8":

@@ -4,19 +4,19 @@ import onnxruntime as ort
 from ..arrays import pad_token_axis
 
 
-class OnnxEncoder:
-    def __init__(self, settings, model_file=None):
+class OnnxBackend:
+    def __init__(self, settings):
         options = ort.SessionOptions()
         options.intra_op_num_threads = settings.threads_per_worker
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         providers = ["CUDAExecutionProvider"] if settings.device == "cuda" else []
-        self.session = ort.InferenceSession(str(model_file or settings.onnx_file), options,
+        self.session = ort.InferenceSession(settings.onnx_file, options,
                                             providers=providers + ["CPUExecutionProvider"])
         self.inputs = [node.name for node in self.session.get_inputs()]  # unused inputs are dropped at export
-        self.pad_tokens_to = settings.max_seq_len if settings.pooling.strategy == "none" else None
+        self.pad_tokens_to = settings.max_seq_len if settings.pooling.token_level else None
 
-    def embed(self, batch):
-        (result,) = self.session.run(None, {name: getattr(batch, name) for name in self.inputs})
+    def run(self, inputs):
+        (result,) = self.session.run(None, {name: getattr(inputs, name) for name in self.inputs})
         return pad_token_axis(result, self.pad_tokens_to, axis=1) if self.pad_tokens_to else result

@@ -23,7 +23,7 @@ def export(settings, path):
     mask = (ids != 0).to(torch.int64)  # padding in the sample, so the traced graph keeps the mask
     special = torch.tensor([[1, 0, 0, 1], [1, 0, 1, 0]], dtype=torch.int64)
     axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES}
-    axes[OUTPUT_NAME] = {0: "batch", 1: "sequence"} if settings.pooling.strategy == "none" else {0: "batch"}
+    axes[OUTPUT_NAME] = {0: "batch", 1: "sequence"} if settings.pooling.token_level else {0: "batch"}
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer notes about branches that are constant for encoders
         # the TorchScript exporter: the dynamo one needs onnxscript and its graph optimizes less well

@@ -5,7 +5,7 @@ import logging
 import torch
 from transformers import AutoModel
 
-from ..pooling import pool
+from .pooling import pool
 
 log = logging.getLogger(__name__)
 _LAYER_LISTS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")

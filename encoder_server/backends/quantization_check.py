@@ -1,13 +1,11 @@
 """The start-up accuracy check for int8: quantized against fp32 on a built-in sample of texts."""
 import logging
+from dataclasses import replace
 
 import numpy as np
 
-from ..batching import BatchPlanner, drain
 from ..model_folder import ConfigError
-from ..scheduling import Job
-from ..tokenizer import TextTokenizer
-from .onnx_backend import OnnxEncoder
+from .embedder import Embedder
 
 log = logging.getLogger(__name__)
 SAMPLE = [
@@ -40,8 +38,8 @@ SAMPLE = [
 
 def check_int8(settings, fp32_file, int8_file):
     """Log the min and mean row cosine; raise ConfigError if the mean is below --min-quant-cosine."""
-    tokenizer = TextTokenizer(settings.model, settings.truncate_at)
-    reference, quantized = (_embed(settings, tokenizer, path) for path in (fp32_file, int8_file))
+    reference, quantized = (Embedder(replace(settings, onnx_file=str(path))).embed_texts(SAMPLE)
+                            for path in (fp32_file, int8_file))
     cosine = row_cosine(reference, quantized)
     summary = f"int8 vs fp32 on {len(SAMPLE)} sample texts: min row cosine {cosine.min():.5f}, mean {cosine.mean():.5f}"
     log.info(summary)
@@ -56,11 +54,3 @@ def row_cosine(a, b):
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
     return (a * b).sum(axis=1) / np.maximum(norms, 1e-12)
 
-
-def _embed(settings, tokenizer, model_file):
-    encoder = OnnxEncoder(settings, model_file)
-    planner = BatchPlanner(max_batch_tokens=4096, max_batch_size=len(SAMPLE), pad_id=tokenizer.pad_id)
-    job = tokenizer.tokenize(Job(job_id=0, seq=0, offset=0, texts=SAMPLE))
-    planner.add(job)
-    drain(planner, encoder.embed)
-    return job.result()

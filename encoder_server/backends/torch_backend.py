@@ -5,19 +5,19 @@ from ..arrays import pad_token_axis
 from .pooled_model import load_pooled_encoder
 
 
-class TorchEncoder:
+class TorchBackend:
     def __init__(self, settings):
         if settings.device == "cpu":
             torch.set_num_threads(settings.threads_per_worker)
-        self.pad_tokens_to = settings.max_seq_len if settings.pooling.strategy == "none" else None
+        self.pad_tokens_to = settings.max_seq_len if settings.pooling.token_level else None
         self.device = torch.device(settings.device)
         model = load_pooled_encoder(settings).to(self.device)
         self.model = model.half() if settings.fp16 else model
 
-    def embed(self, batch):
+    def run(self, inputs):
         with torch.inference_mode():
-            pooled = self.model(self._tensor(batch.input_ids), self._tensor(batch.attention_mask),
-                                self._tensor(batch.special_tokens_mask))
+            pooled = self.model(self._tensor(inputs.input_ids), self._tensor(inputs.attention_mask),
+                                self._tensor(inputs.special_tokens_mask))
             result = pooled.float().cpu().numpy()
         return pad_token_axis(result, self.pad_tokens_to, axis=1) if self.pad_tokens_to else result
 

@@ -4,13 +4,13 @@ import contextlib
 import signal
 import threading
 
-from .app import create_app
+from encoder_server.settings import GATEWAY_TIMEOUT
 
-REQUEST_TIMEOUT = 60.0  # seconds the gateway waits on the server for any one request
+from .app import create_app
 
 
 def serve_http(http_host, http_port, server_host, port, port_out, *, server_key=None, client_key=None,
-               api_key=None, verbose=False, timeout=REQUEST_TIMEOUT):
+               api_key=None, verbose=False, timeout=GATEWAY_TIMEOUT):
     """Serve the gateway with uvicorn until SIGTERM/SIGINT; returns the exit code."""
     import uvicorn
     from prometheus_client import disable_created_metrics

@@ -6,6 +6,8 @@ import time
 from collections import deque
 
 from encoder_client.request import max_request_bytes
+from encoder_client.status import StatusError, check_status
+from encoder_server.backends.pooling import TOKEN_LEVEL
 from encoder_server.settings import Settings
 
 from .errors import CLIENT_ERRORS, GatewayError, from_client_error
@@ -52,12 +54,16 @@ class ServerLink:
 
     async def poll(self):
         try:
-            status = await asyncio.wait_for(self.client.server_status(), STATUS_TIMEOUT)
+            status = check_status(await asyncio.wait_for(self.client.server_status(), STATUS_TIMEOUT))
         except (*CLIENT_ERRORS, asyncio.TimeoutError) as error:
             self.error = f"the encoder-server is not answering: {error or 'no status reply'}"
             return
+        except StatusError as error:
+            self.error = f"the encoder-server's status does not follow this gateway's version: {error}"
+            log.error(self.error)
+            return
         now = time.monotonic()
-        if self.status and status.get("uptime_s", 0) < self.status.get("uptime_s", 0):
+        if self.status and status["uptime_s"] < self.status["uptime_s"]:
             self.samples.clear()  # the server restarted: its counters began again
             await self._refresh_config()
         self.samples.append((now, status))
@@ -91,6 +97,16 @@ class ServerLink:
         return self.config.get("model_name") or self.config.get("model")
 
     @property
+    def embedding_dim(self):
+        """Floats per embedding, as the server's pooling makes them (None until connected)."""
+        return self.config.get("embedding_dim")
+
+    @property
+    def token_level(self):
+        """Whether the server pools nothing: one vector per token instead of one per text."""
+        return self.config.get("pooling_strategy") == TOKEN_LEVEL
+
+    @property
     def max_request_bytes(self):
         """The largest request the server takes (its default until it has said)."""
         return max_request_bytes(self.config) or Settings.max_request_mb << 20
@@ -100,19 +116,18 @@ class ServerLink:
         if self.client is None or not self.reachable:
             return self.error or "the encoder-server is not answering"
         status = self.status
-        if status.get("draining"):
+        if status["draining"]:
             return "the encoder-server is shutting down"
-        if not status.get("workers_alive"):
-            return (f"no worker of the encoder-server is alive (0 of {status.get('workers_expected')}); "
+        if not status["workers_alive"]:
+            return (f"no worker of the encoder-server is alive (0 of {status['workers_expected']}); "
                     "they are being restarted, retry shortly")
         return None
 
     def not_ready(self):
         """Why /ready says no (None when ready)."""
         reason = self.unavailable()
-        if reason is None and not self.status.get("ready"):
-            reason = (f"{self.status.get('workers_alive')} of {self.status.get('workers_expected')} "
-                      "workers alive")
+        if reason is None and not self.status["ready"]:
+            reason = f"{self.status['workers_alive']} of {self.status['workers_expected']} workers alive"
         return reason
 
     async def encode(self, texts, is_tokenized=False):

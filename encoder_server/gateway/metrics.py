@@ -49,7 +49,7 @@ class ServerStatusCollector:
         yield _gauge("encoder_ready", "1 when every worker is up and the server is not draining", status["ready"])
         yield from _counters(status)
         yield from _gauges(status)
-        for name, hist in ((status.get("metrics") or {}).get("histograms") or {}).items():
+        for name, hist in status["metrics"]["histograms"].items():
             yield _histogram(f"encoder_{name}", HISTOGRAMS.get(name, name), hist)
 
 
@@ -57,46 +57,41 @@ def _counters(status):
     for name, key, help_text in (("encoder_requests", "requests", "Requests by outcome"),
                                  ("encoder_texts", "texts", "Texts by outcome")):
         family = CounterMetricFamily(name, help_text, labels=["outcome"])
-        for outcome, value in status.get(key, {}).items():
+        for outcome, value in status[key].items():
             family.add_metric([outcome], value)
         yield family
     yield CounterMetricFamily("encoder_worker_restarts", "Workers restarted", value=status["worker_restarts"])
     yield CounterMetricFamily("encoder_jobs_redispatched", "Jobs sent again after their worker died",
                               value=status["jobs_redispatched"])
     yield CounterMetricFamily("encoder_busy_rejections", "Requests refused because the server was full",
-                              value=status.get("requests", {}).get("busy", 0))
-    metrics = status.get("metrics") or {}
-    if "tokens" in metrics:
-        tokens = CounterMetricFamily("encoder_tokens", "Tokens computed: real, and with padding", labels=["kind"])
-        for kind, value in metrics["tokens"].items():
-            tokens.add_metric([kind], value)
-        yield tokens
-    if "passes" in metrics:
-        yield CounterMetricFamily("encoder_forward_passes", "Forward passes run", value=metrics["passes"])
+                              value=status["requests"]["busy"])
+    tokens = CounterMetricFamily("encoder_tokens", "Tokens computed: real, and with padding", labels=["kind"])
+    for kind, value in status["metrics"]["tokens"].items():
+        tokens.add_metric([kind], value)
+    yield tokens
+    yield CounterMetricFamily("encoder_forward_passes", "Forward passes run", value=status["metrics"]["passes"])
 
 
 def _gauges(status):
-    queues = status.get("queue_depth", {})
+    queues = status["queue_depth"]
     depth = GaugeMetricFamily("encoder_queue_depth", "Jobs queued in the ventilator", labels=["queue"])
     for queue in ("priority", "bulk"):
-        if queue in queues:
-            depth.add_metric([queue], queues[queue])
+        depth.add_metric([queue], queues[queue])
     yield depth
-    yield _gauge("encoder_pending_texts", "Texts admitted and not yet encoded", queues.get("pending_texts", 0))
-    yield _gauge("encoder_max_pending_texts", "The admission limit on pending texts",
-                 queues.get("max_pending_texts", 0))
+    yield _gauge("encoder_pending_texts", "Texts admitted and not yet encoded", queues["pending_texts"])
+    yield _gauge("encoder_max_pending_texts", "The admission limit on pending texts", queues["max_pending_texts"])
     yield _gauge("encoder_in_flight_requests", "Requests admitted and not yet answered", status["in_flight_requests"])
     yield _gauge("encoder_workers_alive", "Workers heartbeating", status["workers_alive"])
     yield _gauge("encoder_workers_expected", "Workers configured", status["workers_expected"])
     yield _gauge("encoder_workers_busy", "Workers holding at least one job", status["workers_busy"])
     per_worker = GaugeMetricFamily("encoder_worker_busy_texts", "Texts held by each worker", labels=["worker"])
-    for worker, texts in status.get("worker_busy_texts", {}).items():
+    for worker, texts in status["worker_busy_texts"].items():
         per_worker.add_metric([worker], texts)
     yield per_worker
     efficiency = padding_efficiency(status)
     if efficiency is not None:
         yield _gauge("encoder_padding_efficiency", "Real tokens / padded tokens computed", efficiency)
-    yield _gauge("encoder_uptime_seconds", "Seconds since the server started", status.get("uptime_s", 0))
+    yield _gauge("encoder_uptime_seconds", "Seconds since the server started", status["uptime_s"])
 
 
 def _gauge(name, help_text, value):

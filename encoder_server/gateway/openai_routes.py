@@ -16,11 +16,11 @@ def openai_router(link, check_key):
         if body.model != served:
             raise model_not_found(body.model)
         texts = texts_from_input(body.input)
-        check_dimensions(body.dimensions)
-        result = await link.encode(texts)
-        if result.embeddings.ndim != 2:
+        if link.token_level:
             raise GatewayError(400, "this server returns token-level embeddings (--pooling-strategy none); "
                                     "use POST /encode for those", param="model")
+        check_dimensions(body.dimensions, link.embedding_dim)
+        result = await link.encode(texts)
         rows = shorten(result.embeddings, body.dimensions)
         return ArrayJSONResponse(embedding_response(rows, served, result.num_tokens, body.encoding_format))
 

@@ -18,9 +18,10 @@ def ops_router(link, metrics):
 
     @router.get("/ready")
     async def ready():
-        reason, status = link.not_ready(), link.status or {}
-        body = {"ready": reason is None, "reason": reason, "workers_alive": status.get("workers_alive"),
-                "workers_expected": status.get("workers_expected"), "draining": status.get("draining")}
+        reason, status = link.not_ready(), link.status
+        body = {"ready": reason is None, "reason": reason,
+                **{field: status[field] if status else None for field in ("workers_alive", "workers_expected",
+                                                                          "draining")}}
         return JSONResponse(body, status_code=200 if reason is None else 503)
 
     @router.get("/metrics")

@@ -47,13 +47,13 @@ def quantile(hist, q):
 
 
 def histogram(status, name):
-    return ((status or {}).get("metrics") or {}).get("histograms", {}).get(name)
+    return status["metrics"]["histograms"][name] if status else None
 
 
 def padding_efficiency(status):
     """Real tokens / padded tokens computed so far, or None."""
-    tokens = ((status or {}).get("metrics") or {}).get("tokens") or {}
-    return tokens["real"] / tokens["padded"] if tokens.get("padded") else None
+    tokens = status["metrics"]["tokens"] if status else None
+    return tokens["real"] / tokens["padded"] if tokens and tokens["padded"] else None
 
 
 def _window(samples, window):

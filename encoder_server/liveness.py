@@ -1,0 +1,81 @@
+"""Which workers are alive, as the ventilator sees them. Pure: no sockets, time passed in.
+
+The ZeroMQ Guide's Paranoid Pirate (its ppqueue.py keeps the same books in WorkerQueue): a
+worker says READY when it connects, then sends a heartbeat every `interval`, and the ventilator
+sends one back at the same rate. A worker is lost when it has been silent for `liveness`
+intervals, when the supervisor reports that it exited, when it cannot be reached, or when it says
+READY again (it lost touch with us and connected anew). Each loss says which worker, why, and
+its pid when the local supervisor runs it; the ventilator then gives its jobs to others, and has
+the supervisor kill a local worker that fell silent, since it may still be running.
+"""
+from dataclasses import dataclass
+
+HEARTBEAT_INTERVAL = 1.0
+HEARTBEAT_LIVENESS = 5   # intervals without a word from a worker before it counts as dead
+
+
+@dataclass(frozen=True)
+class Loss:
+    worker: bytes
+    why: str
+    pid: int = None       # set for a worker that the local supervisor runs
+    kill: bool = False    # it may still be running: have the supervisor kill it
+
+
+class Liveness:
+    def __init__(self, hostname, interval=HEARTBEAT_INTERVAL, liveness=HEARTBEAT_LIVENESS):
+        self.hostname = hostname
+        self.interval = interval
+        self.silence = interval * liveness
+        self.restarts = 0       # local worker exits the supervisor reported (it restarts each one)
+        self._heard = {}        # worker -> when we last heard from it
+        self._pids = {}         # worker -> pid, for the workers the local supervisor runs
+        self._next_beat = 0.0
+
+    def ready(self, worker, info, now):
+        """A worker said READY (info: messages.Ready); returns the loss of its old self, if any."""
+        losses = [self._lose(worker, "connected again")] if worker in self._heard else []
+        self._heard[worker] = now
+        if not info.remote and info.host == self.hostname:
+            self._pids[worker] = info.pid
+        return losses
+
+    def heard(self, worker, now):
+        """Note a message from `worker`; False when it was given up for dead (ignore what it says)."""
+        if worker not in self._heard:
+            return False
+        self._heard[worker] = now
+        return True
+
+    def silent(self, now):
+        """The losses of the workers silent for too long at `now`."""
+        cutoff = now - self.silence
+        return [self._lose(worker, "stopped sending heartbeats", kill=True)
+                for worker, heard in list(self._heard.items()) if heard < cutoff]
+
+    def exited(self, pid, exitcode):
+        """The supervisor saw local process `pid` exit (and restarts it)."""
+        self.restarts += 1
+        worker = next((worker for worker, known in self._pids.items() if known == pid), None)
+        return [self._lose(worker, f"exited with code {exitcode}")] if worker is not None else []
+
+    def unreachable(self, worker):
+        return [self._lose(worker, "cannot be reached")] if worker in self._heard else []
+
+    def beat_due(self, now):
+        """The workers to send a heartbeat to at `now`: all of them, once per interval."""
+        if now < self._next_beat:
+            return []
+        self._next_beat = now + self.interval
+        return list(self._heard)
+
+    @property
+    def local(self):
+        return len(self._pids)
+
+    def __len__(self):
+        return len(self._heard)
+
+    def _lose(self, worker, why, kill=False):
+        self._heard.pop(worker, None)
+        return Loss(worker, why, self._pids.pop(worker, None), kill)

@@ -1,0 +1,62 @@
+"""The public in-process Embedder (`from encoder_server import Embedder`): the model without the
+service, as Ray and other libraries call it. On the tiny random BERT, against a plain reference."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import random_texts, reference_embeddings
+from encoder_server import Embedder
+
+TEXTS = random_texts(40, seed=12, max_words=50) + ["cat"]
+
+
+@pytest.fixture(scope="module")
+def embedder(tiny_model):
+    return Embedder.load(str(tiny_model))
+
+
+def test_embed_texts_matches_a_plain_reference_in_input_order(embedder, tiny_model):
+    rows = embedder.embed_texts(TEXTS)
+    assert rows.dtype == np.float32 and rows.shape == (len(TEXTS), embedder.dimension) == (41, 32)
+    np.testing.assert_allclose(rows, reference_embeddings(tiny_model, TEXTS), atol=2e-5, rtol=1e-4)
+
+
+def test_embed_tokens_takes_texts_already_split_into_words(embedder, tiny_model):
+    words = [text.split() for text in TEXTS[:10]]
+    expected = reference_embeddings(tiny_model, words, is_tokenized=True)
+    np.testing.assert_allclose(embedder.embed_tokens(words), expected, atol=2e-5, rtol=1e-4)
+
+
+def test_the_service_serves_what_the_embedder_computes(embedder, tiny_server):
+    with tiny_server.client() as client:
+        np.testing.assert_allclose(client.encode(TEXTS), embedder.embed_texts(TEXTS), atol=2e-5, rtol=1e-4)
+
+
+def test_choices_are_the_servers_and_set_the_width(tiny_model):
+    wide = Embedder.load(str(tiny_model), pooling_strategy="mean_max", pooling_layer=[-1, -2], normalize=True)
+    rows = wide.embed_texts(TEXTS[:5])
+    assert wide.dimension == 32 * 2 * 2 and rows.shape == (5, wide.dimension)
+    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("texts, error, message", [
+    ([], ValueError, "empty list"),
+    ("just a string", TypeError, "must be a list"),
+    (["fine", ""], ValueError, r"texts\[1\] is empty"),
+    (["fine", 7], TypeError, r"texts\[1\] must be a str"),
+])
+def test_bad_input_is_named(embedder, texts, error, message):
+    with pytest.raises(error, match=message):
+        embedder.embed_texts(texts)
+
+
+def test_light_processes_never_load_the_model_libraries():
+    """The CLI, settings (and the pooling names and widths they read), the gateway, the ventilator
+    and the sink import neither torch nor transformers; Embedder loads them on first use."""
+    code = ("import sys, encoder_server, encoder_server.cli, encoder_server.settings, encoder_server.gateway, "
+            "encoder_server.ventilator, encoder_server.sink; "
+            "heavy = [name for name in ('torch', 'transformers', 'onnxruntime') if name in sys.modules]; "
+            "assert not heavy, heavy; encoder_server.Embedder; assert 'transformers' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
