@@ -89,6 +89,12 @@ def check_status(status):
     return status
 
 
+def check_metrics(metrics):
+    """`metrics` itself, once it has every field of Metrics (a worker's heartbeat carries one)."""
+    _check(metrics, Metrics, "metrics")
+    return metrics
+
+
 def _check(value, schema, where):
     if not isinstance(value, dict):
         raise StatusError(f"{where} is not an object")

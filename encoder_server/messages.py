@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from encoder_client.status import check_metrics
+
 _KINDS = {}
 
 
@@ -109,7 +111,8 @@ class Heartbeat:
 
     @classmethod
     def decode(cls, frames):
-        return cls(_object(frames[0]) if frames else {})
+        metrics = _object(frames[0]) if frames else {}
+        return cls(check_metrics(metrics) if metrics else {})
 
 
 @dataclass(frozen=True)

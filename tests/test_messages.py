@@ -6,6 +6,7 @@ import zmq
 
 from encoder_server import messages
 from encoder_server.messages import MessageError
+from encoder_server.metrics import Metrics
 
 ROWS = np.arange(12, dtype=np.float32).reshape(3, 4)
 TOKEN_LEVEL = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
@@ -15,7 +16,7 @@ EVERY_MESSAGE = [
                  budget_ms=1234.5, waited_ms=12.0),
     messages.Job(8, 3, 0, [["pre", "split"]], is_tokenized=True),
     messages.Ready(4242, "host-a", remote=True),
-    messages.Heartbeat({"passes": 3, "tokens": {"real": 10, "padded": 12}}),
+    messages.Heartbeat(Metrics().take()),
     messages.Heartbeat(),
     messages.Dropped(99),
     messages.Done(2 ** 40 + 1),
@@ -66,6 +67,8 @@ def test_messages_of_one_number_are_told_apart():
     [b"REGISTER", b"id"],
     [b"REGISTER", b"id", b'{"req_id": 1, "rows": 2}'],
     [b"PUBLISH"],
+    [b"HEARTBEAT", b'{"histograms": [], "tokens": {}, "passes": 1}'],
+    [b"HEARTBEAT", b'{"passes": 3}'],
     [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [2, 4]}', b"\x00" * 7],
     [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [3]}', b"\x00" * 8],
     [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0}', b"\x00" * 8],

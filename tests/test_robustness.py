@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -145,3 +146,36 @@ def test_status_command_fails_when_no_server():
                                "--port-out", str(free_port()), "--timeout", "1"],
                               capture_output=True, text=True, timeout=60)
     assert finished.returncode == 1 and "no answer" in finished.stderr
+
+
+def test_malformed_internal_messages_on_an_open_worker_port_are_dropped(tiny_model, tmp_path):
+    """A peer on the worker ports (open without CURVE) sends what no worker would: the ventilator
+    and the sink log and drop it, nothing restarts, and clients never notice."""
+    texts = random_texts(60, seed=31)
+    jobs_port = free_port()
+    with running_server(tiny_model, "--num-worker", "1", "--worker-port", str(jobs_port),
+                        tmp_path=tmp_path) as server:
+        with server.client() as client:
+            expected = client.encode(texts)
+        context = zmq.Context()
+        try:
+            peer = context.socket(zmq.DEALER)
+            peer.setsockopt(zmq.ROUTING_ID, b"peer/worker-0:1")
+            peer.connect(f"tcp://127.0.0.1:{jobs_port}")
+            results = context.socket(zmq.PUSH)
+            results.connect(f"tcp://127.0.0.1:{jobs_port + 1}")
+            peer.send_multipart([b"READY", json.dumps({"pid": 1, "host": "peer", "remote": True}).encode()])
+            for frames in ([b"HEARTBEAT", b'{"histograms": [], "tokens": {}, "passes": 1}'], [b"HEARTBEAT", b"[1]"],
+                           [b"DROPPED", b"not a number"], [b"READY", b"{"], [b"JOB"], [b"WHAT"], [b"\xff" * 300]):
+                peer.send_multipart(frames)
+            for frames in ([b"PART", b"{}", b"\x00" * 8], [b"PART", b'{"seq": 1, "shape": [9]}', b""], [b"DONE"],
+                           [b"REGISTER", b"x", b"[]"], [b"FORGET", b"x"], [b"PUBLISH"], [b"\x00"]):
+                results.send_multipart(frames)
+            time.sleep(1.0)
+        finally:
+            context.destroy(linger=0)
+        with server.client() as client:
+            np.testing.assert_allclose(client.encode(texts), expected, rtol=1e-4, atol=1e-5)
+            status = client.server_status
+        assert status["worker_restarts"] == 0 and server.process.poll() is None
+    assert "dropped a message from" in server.log and "malformed HEARTBEAT" in server.log
