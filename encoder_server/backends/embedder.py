@@ -36,10 +36,6 @@ class Embedder:
         """Floats per embedding (per token with token-level pooling)."""
         return self.settings.embedding_dim
 
-    @property
-    def max_batch_tokens(self):
-        return self.settings.max_batch_tokens
-
     def tokenize(self, texts, is_tokenized=False, with_tokens=False):
         return self.tokenizer.tokenize(texts, is_tokenized, with_tokens)
 
