@@ -2,7 +2,7 @@
 
 An Embedder tokenizes, cuts the rows into forward passes under a padded-token budget, runs them
 on its backend (pooling and normalization are part of the model the backend runs) and returns the
-rows in input order. The worker uses its two stages apart, `tokenize` on its intake thread and
+rows in input order. The worker uses its two stages apart, `tokenize` on its prefetch thread and
 `run` on its lanes, so they overlap; everything else (the worker's warm-up, the int8 check, the
 benchmark's in-process engine, Ray and other in-process users) calls `embed_texts` or
 `embed_tokens`.
