@@ -26,6 +26,7 @@ class EncodeResult:
     embeddings: np.ndarray
     num_tokens: int        # tokens the server computed, [CLS]/[SEP] included, after truncation
     tokens: list = None    # WordPiece tokens per text, when asked for with show_tokens
+    truncated: int = 0     # how many texts were cut at the server's max_seq_len
 
 
 class AsyncEncoderClient:
@@ -73,19 +74,21 @@ class AsyncEncoderClient:
         raise TimeoutError(f"no answer from an encoder-server at {self.address} within {timeout:g}s; "
                            "is it running, and are port and port_out right?")
 
-    async def encode(self, texts, *, is_tokenized=False, show_tokens=False, retries=0):
-        """Embed `texts`: an array with one row per text, or (array, tokens) with show_tokens."""
+    async def encode(self, texts, *, is_tokenized=False, show_tokens=False, retries=0, **model_options):
+        """Embed `texts`: an array with one row per text, or (array, tokens) with show_tokens.
+        `model_options` as EncoderClient.encode: prompt, prompt_name, normalize, truncate."""
         result = await self.encode_result(texts, is_tokenized=is_tokenized, show_tokens=show_tokens,
-                                          retries=retries)
+                                          retries=retries, **model_options)
         return (result.embeddings, result.tokens) if show_tokens else result.embeddings
 
-    async def encode_result(self, texts, *, is_tokenized=False, show_tokens=False, retries=0):
+    async def encode_result(self, texts, *, is_tokenized=False, show_tokens=False, retries=0, **model_options):
         """Embed `texts`; an EncodeResult with the server's token count. `retries` as EncoderClient."""
-        request = prepare_encode(texts, is_tokenized, show_tokens, self.timeout, self._max_request_bytes)
+        request = prepare_encode(texts, is_tokenized, show_tokens, self.timeout, self._max_request_bytes,
+                                 **model_options)
         for attempt in range(retries + 1):
             try:
                 reply = await self._request(*request)
-                return EncodeResult(reply.array, reply.num_tokens, reply.tokens)
+                return EncodeResult(reply.array, reply.num_tokens, reply.tokens, reply.truncated)
             except (TimeoutError, ConnectionLostError, ServerBusyError):
                 if attempt == retries:
                     raise

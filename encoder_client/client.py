@@ -62,19 +62,25 @@ class EncoderClient:
     # ----- public API -----
 
     def encode(self, texts, *, is_tokenized=False, show_tokens=False, blocking=True, retries=0,
-               show_progress=False):
+               show_progress=False, prompt=None, prompt_name=None, normalize=None, truncate=None):
         """Embed `texts`; returns an array with one row per text, or (array, tokens).
+
+        As in sentence-transformers: `prompt` is prepended to each text, or `prompt_name` names one
+        of the model's prompts (default: the server's default prompt); `normalize` overrides the
+        model's L2 normalization. With `truncate=False`, a text longer than the server's
+        max_seq_len fails the request (ServerError, code "too_large") instead of being cut.
 
         With `retries`, a request that timed out, lost its connection or found the server busy is
         sent again (each try waits up to `timeout`); a late reply to an earlier try is discarded.
         With `show_progress`, a long list is sent as pipelined sub-requests under a tqdm bar.
         """
+        options = dict(prompt=prompt, prompt_name=prompt_name, normalize=normalize, truncate=truncate)
         if show_progress:
             if not blocking:
                 raise ValueError("show_progress needs blocking=True")
-            return self._encode_pipelined(texts, is_tokenized, show_tokens, retries)
+            return self._encode_pipelined(texts, is_tokenized, show_tokens, retries, options)
         for attempt in range(retries + 1):
-            req_id = self._submit(texts, is_tokenized, show_tokens)
+            req_id = self._submit(texts, is_tokenized, show_tokens, options)
             if not blocking:
                 return None
             try:
@@ -103,15 +109,16 @@ class EncoderClient:
     def encode_async(self, batch_iterable, max_num_batch=None, max_in_flight=8, **kwargs):
         """Yield one result per batch, in batch order, keeping up to `max_in_flight` sent ahead."""
         batches = itertools.islice(batch_iterable, max_num_batch)
+        is_tokenized, show_tokens = kwargs.pop("is_tokenized", False), kwargs.pop("show_tokens", False)
         in_flight = deque()
         for batch in batches:
-            in_flight.append(self._submit(batch, **kwargs))
+            in_flight.append(self._submit(batch, is_tokenized, show_tokens, kwargs))
             if len(in_flight) >= max_in_flight:
                 yield self._result(*self._wait(in_flight.popleft()))
         while in_flight:
             yield self._result(*self._wait(in_flight.popleft()))
 
-    def _encode_pipelined(self, texts, is_tokenized, show_tokens, retries, max_in_flight=4):
+    def _encode_pipelined(self, texts, is_tokenized, show_tokens, retries, options, max_in_flight=4):
         """Send `texts` as sub-requests, `max_in_flight` ahead, so the server never waits for us.
         A sub-request that times out, loses its connection or finds the server busy is sent again
         (at the back of the line) while `retries` last."""
@@ -123,7 +130,7 @@ class EncoderClient:
             while unsent or in_flight:
                 while unsent and len(in_flight) < max_in_flight:
                     index = unsent.popleft()
-                    in_flight.append((index, self._submit(pieces[index], is_tokenized, show_tokens)))
+                    in_flight.append((index, self._submit(pieces[index], is_tokenized, show_tokens, options)))
                 index, req_id = in_flight.popleft()
                 try:
                     results[index] = self._result(*self._wait(req_id))
@@ -199,8 +206,9 @@ class EncoderClient:
     def _command(self, command):
         return self._wait(self._send(command, 0))[0].data
 
-    def _submit(self, texts, is_tokenized=False, show_tokens=False):
-        return self._send(*prepare_encode(texts, is_tokenized, show_tokens, self.timeout, self._max_request_bytes))
+    def _submit(self, texts, is_tokenized=False, show_tokens=False, options=None):
+        return self._send(*prepare_encode(texts, is_tokenized, show_tokens, self.timeout, self._max_request_bytes,
+                                          **(options or {})))
 
     def _send(self, payload, msg_len, options=None):
         req_id = self._next_req_id

@@ -5,8 +5,9 @@ It keeps bert-as-service's frames so its published client works unchanged:
 - request: ``[identity, payload, req_id, msg_len]`` plus an optional ``options`` JSON frame
   (our extension), where ``payload`` is a JSON list of texts (or of word lists) or a command;
 - result: ``[identity, header, body, req_id]`` with ``header = {"dtype", "shape", "tokens",
-  "num_tokens"}`` (``num_tokens``, ours: the request's token count after truncation, special tokens
-  included) and ``body`` the raw array bytes;
+  "num_tokens", "truncated"}`` (ours: ``num_tokens``, the request's token count after truncation,
+  special tokens included; ``truncated``, how many of its texts were cut at max_seq_len) and
+  ``body`` the raw array bytes;
 - error: ``[identity, {"error": message, "code": code}, b"", req_id]``, where ``code`` (ours, may
   be absent) says what kind of refusal it is, one of ERROR_CODES;
 - reply to a command: ``[identity, json, req_id]``.
@@ -63,6 +64,7 @@ class Reply:
     error: str = None
     code: str = None
     num_tokens: int = None
+    truncated: int = 0
 
 
 def encode_request(identity, req_id, payload, msg_len=0, options=None):
@@ -93,9 +95,9 @@ def decode_texts(request):
         raise ProtocolError("payload is not valid JSON", request.identity, request.req_id) from None
 
 
-def encode_result(identity, req_id, array, tokens=None, num_tokens=None):
+def encode_result(identity, req_id, array, tokens=None, num_tokens=None, truncated=0):
     header = {"dtype": str(array.dtype), "shape": list(array.shape), "tokens": tokens or "",
-              "num_tokens": num_tokens}
+              "num_tokens": num_tokens, "truncated": truncated}
     return [identity, json.dumps(header).encode(), memoryview(np.ascontiguousarray(array)).cast("B"),
             b"%d" % req_id]
 
@@ -117,7 +119,8 @@ def decode_reply(frames):
     if "error" in header:
         return Reply(req_id, error=header["error"], code=header.get("code"))
     array = np.frombuffer(frames[2], dtype=header["dtype"]).reshape(header["shape"])
-    return Reply(req_id, array=array, tokens=header.get("tokens") or None, num_tokens=header.get("num_tokens"))
+    return Reply(req_id, array=array, tokens=header.get("tokens") or None, num_tokens=header.get("num_tokens"),
+                 truncated=header.get("truncated") or 0)
 
 
 def _parse_int(frame, name, identity, req_id=UNKNOWN_REQ_ID):

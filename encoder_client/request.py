@@ -9,15 +9,33 @@ HANDSHAKE_INTERVAL = 0.25  # a SHOW_CONFIG is re-sent this often until the serve
 RETRY_PAUSE = (0.1, 2.0)   # first and longest pause between resends
 
 
-def prepare_encode(texts, is_tokenized=False, show_tokens=False, timeout=None, max_request_bytes=None):
+# what an encode request may ask of the model, as sentence-transformers names it, and its type
+MODEL_OPTIONS = {"prompt": str, "prompt_name": str, "normalize": bool, "truncate": bool}
+
+
+def check_model_options(options):
+    """The options that are set (not None); TypeError naming one of the wrong type or unknown."""
+    chosen = {name: value for name, value in options.items() if value is not None}
+    for name, value in chosen.items():
+        if name not in MODEL_OPTIONS:
+            raise TypeError(f"unknown encode option {name!r}; the options are {', '.join(MODEL_OPTIONS)}")
+        if not isinstance(value, MODEL_OPTIONS[name]):
+            raise TypeError(f"{name} must be a {MODEL_OPTIONS[name].__name__}, got {type(value).__name__}")
+    return chosen
+
+
+def prepare_encode(texts, is_tokenized=False, show_tokens=False, timeout=None, max_request_bytes=None,
+                   **model_options):
     """(payload, msg_len, options) of an encode request; raises TypeError/ValueError for bad input,
-    RequestTooLargeError (a ValueError) above the server's size limit."""
+    RequestTooLargeError (a ValueError) above the server's size limit. `model_options`: prompt,
+    prompt_name, normalize and truncate (see MODEL_OPTIONS); None leaves one to the server."""
     check_texts(texts, is_tokenized)
+    chosen = check_model_options(model_options)
     payload = json.dumps(texts).encode()
     if max_request_bytes and len(payload) > max_request_bytes:
         raise RequestTooLargeError(f"the request is {len(payload) >> 20} MB, above the server's limit of "
                                    f"{max_request_bytes >> 20} MB (--max-request-mb); split it")
-    options = {"is_tokenized": is_tokenized, "show_tokens": show_tokens}
+    options = {"is_tokenized": is_tokenized, "show_tokens": show_tokens, **chosen}
     if timeout is not None:
         options["timeout_ms"] = timeout * 1000
     return payload, len(texts), options

@@ -32,6 +32,7 @@ class Metrics(TypedDict):
     histograms: Histograms
     tokens: Tokens       # computed so far, without and with padding
     passes: int
+    truncated: int       # texts cut at max_seq_len
 
 
 class QueueDepth(TypedDict):
@@ -48,6 +49,7 @@ class Requests(TypedDict):
     expired: int
     abandoned: int
     failed: int
+    refused: int     # a worker found a text against the request's rules (too long with truncate=False)
 
 
 class Texts(TypedDict):
@@ -55,6 +57,7 @@ class Texts(TypedDict):
     expired: int
     abandoned: int
     failed: int
+    refused: int
 
 
 class ServerStatus(TypedDict):

@@ -1,4 +1,5 @@
-"""Joining embedding arrays whose token axis may differ (token-level `none` pooling)."""
+"""Embedding arrays: L2 normalization, and joining arrays whose token axis may differ (token-level
+`none` pooling)."""
 import numpy as np
 
 
@@ -25,3 +26,9 @@ def _pad_to_common_length(arrays, axis):
         return arrays  # no token axis: pooled vectors
     longest = max(a.shape[axis] for a in arrays)
     return [pad_token_axis(a, longest, axis) for a in arrays]
+
+
+def normalize_rows(array):
+    """Each vector (the last axis) scaled to unit length; zero vectors (padding) stay zero."""
+    norms = np.linalg.norm(array, axis=-1, keepdims=True)
+    return (array / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)

@@ -22,6 +22,7 @@ class Completed:
     array: object
     tokens: list = None
     num_tokens: int = 0
+    truncated: int = 0
 
 
 @dataclass
@@ -30,6 +31,7 @@ class _Pending:
     parts: dict = field(default_factory=dict)  # offset -> (array, tokens)
     rows: int = 0
     num_tokens: int = 0
+    truncated: int = 0
     heard: float = field(default_factory=time.monotonic)  # last time someone listened for it
 
 
@@ -45,7 +47,7 @@ class Assembler:
         self._pending.setdefault(seq, _Pending()).registration = registration
         return self._complete(seq)
 
-    def add_part(self, seq, offset, array, tokens=None, num_tokens=0):
+    def add_part(self, seq, offset, array, tokens=None, num_tokens=0, truncated=0):
         if seq in self._finished:
             return None
         pending = self._pending.setdefault(seq, _Pending())
@@ -53,6 +55,7 @@ class Assembler:
             pending.parts[offset] = (array, tokens)
             pending.rows += len(array)
             pending.num_tokens += num_tokens
+            pending.truncated += truncated
         return self._complete(seq)
 
     def forget(self, seq):
@@ -89,7 +92,7 @@ class Assembler:
         parts = [pending.parts[offset] for offset in sorted(pending.parts)]
         tokens = [t for _, part_tokens in parts for t in part_tokens] if registration.with_tokens else None
         return Completed(registration.identity, registration.req_id,
-                         concat_parts([array for array, _ in parts]), tokens, pending.num_tokens)
+                         concat_parts([array for array, _ in parts]), tokens, pending.num_tokens, pending.truncated)
 
     def _finish(self, seq):
         self._pending.pop(seq, None)

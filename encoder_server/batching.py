@@ -151,7 +151,7 @@ class BatchPlanner:
         return rows[:count], rows[count:]
 
     def _pad(self, rows):
-        inputs = Pass.pad([job.ids[row] for job, row in rows], [job.encoding.special[row] for job, row in rows],
+        inputs = Pass.pad([job.ids[row] for job, row in rows], [job.encoding.pooled[row] for job, row in rows],
                           self.pad_id)
         return Batch(rows, inputs)
 

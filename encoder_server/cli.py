@@ -31,8 +31,13 @@ def start(args):
 
     log = configure_logging("supervisor", args.verbose)
     settings = resolve(**{name: value for name, value in vars(args).items() if name != "run"})
-    log.info("model %s: %d layers, max_seq_len %s", settings.model, settings.num_layers, settings.max_seq_len)
-    log.info("pooling: %s (%s)", settings.pooling.describe(), settings.pooling_source)
+    log.info("model %s (%s): %d layers, max_seq_len %s", settings.model_name[0], settings.model, settings.num_layers,
+             settings.max_seq_len)
+    head = "".join(f" + {layer.describe()}" for layer in settings.head)
+    log.info("pooling: %s%s (%s), %d floats per embedding", settings.pooling.describe(), head,
+             settings.pooling_source, settings.embedding_dim)
+    for override in settings.overrides:
+        log.warning("%s", override)
     log.info("%d worker(s) on %s, %d thread(s) each", settings.num_worker, settings.device,
              settings.threads_per_worker)
     return Supervisor(settings).serve()
@@ -162,6 +167,8 @@ def _add_choice(parser, name, **overrides):
     options = {"dest": name, "default": setting.default, "help": bounds["help"]}
     if setting.type is bool:
         options["action"] = "store_true" if setting.default is False else argparse.BooleanOptionalAction
+    elif bounds.get("action"):
+        options["action"] = bounds["action"]
     else:
         options.update(type=bounds.get("parse", setting.type), nargs=bounds.get("nargs"),
                        choices=bounds.get("choices"))

@@ -6,6 +6,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from encoder_client.protocol import TOO_LARGE, ProtocolError, decode_texts
+from encoder_client.request import check_model_options
 from encoder_client.validation import check_texts, looks_tokenized
 
 
@@ -17,6 +18,7 @@ class EncodeRequest:
     is_tokenized: bool
     with_tokens: bool
     timeout_s: float = None  # how long the client waits; work still queued after that is dropped
+    options: dict = None     # what it asks of the model (encoder_client.request.MODEL_OPTIONS), checked
 
 
 def parse_encode(request, show_tokens_allowed, max_texts=None):
@@ -33,7 +35,35 @@ def parse_encode(request, show_tokens_allowed, max_texts=None):
         raise ProtocolError(f"msg_len is {request.msg_len} but the payload holds {len(texts)} texts",
                             request.identity, request.req_id)
     return EncodeRequest(request.identity, request.req_id, texts, bool(is_tokenized),
-                         _with_tokens(request, show_tokens_allowed), _timeout(request))
+                         _with_tokens(request, show_tokens_allowed), _timeout(request), _model_options(request))
+
+
+def model_choices(request, settings):
+    """The Job fields (prompt, normalize, truncate) for an EncodeRequest on a server with `settings`:
+    the request's options, else the server's defaults. ProtocolError for an unknown prompt name."""
+    options = request.options or {}
+    prompt = options.get("prompt")
+    if prompt is None and options.get("prompt_name") is not None:
+        prompt = settings.prompts.get(options["prompt_name"])
+        if prompt is None:
+            known = ", ".join(settings.prompts) or "none"
+            raise ProtocolError(f"prompt_name {options['prompt_name']!r} is not one of the model's prompts "
+                                f"(it has: {known})", request.identity, request.req_id)
+    if prompt and request.is_tokenized:
+        raise ProtocolError("a prompt applies to texts, not to word lists (is_tokenized)", request.identity,
+                            request.req_id)
+    if prompt is None and not request.is_tokenized:
+        prompt = settings.prompts.get(settings.default_prompt_name, "")
+    return {"prompt": prompt or "", "normalize": options.get("normalize", settings.normalize),
+            "truncate": options.get("truncate", True)}
+
+
+def _model_options(request):
+    model_options = {name: request.options.get(name) for name in ("prompt", "prompt_name", "normalize", "truncate")}
+    try:
+        return check_model_options(model_options)
+    except TypeError as error:
+        raise ProtocolError(str(error), request.identity, request.req_id) from None
 
 
 def _timeout(request):

@@ -1,6 +1,7 @@
 """Every message between the server's own processes (clients never see these). Pure.
 
     worker     -> ventilator  Ready | Heartbeat (metrics since the last one) | Dropped (budget spent)
+                              | Refused (its texts break the request's rules, e.g. truncate=False)
     ventilator -> worker      Job | Heartbeat
     ventilator -> sink        Register | Publish (a reply for a client) | Forget (request cancelled)
     worker     -> sink        Part
@@ -73,6 +74,9 @@ class Job:
     with_tokens: bool = False
     budget_ms: float = None  # how long its client still waits, from the moment a worker receives it
     waited_ms: float = 0.0   # how long it had waited since its request was admitted, when it was sent
+    prompt: str = ""         # prepended to each text
+    normalize: bool = False  # L2-normalize each row
+    truncate: bool = True    # False: refuse a text longer than the server's max_seq_len
 
     def frames(self):
         return [self.KIND, _json(asdict(self))]
@@ -133,6 +137,21 @@ class Dropped(_Number):
     """A worker skipped job `number`: its budget ran out before the worker reached it."""
 
 
+@_kind(b"REFUSED")
+@dataclass(frozen=True)
+class Refused:
+    """A worker would not compute job `job_id`: `error` says why, for its client."""
+    job_id: int
+    error: str
+
+    def frames(self):
+        return [self.KIND, _json(asdict(self))]
+
+    @classmethod
+    def decode(cls, frames):
+        return cls(**_object(frames[0]))
+
+
 @_kind(b"DONE")
 class Done(_Number):
     """The sink has job `number`'s part."""
@@ -146,16 +165,17 @@ class Gone(_Number):
 @_kind(b"FORGET")
 @dataclass(frozen=True)
 class Forget:
-    """Drop request `seq`; with `error`, tell its client why."""
+    """Drop request `seq`; with `error`, tell its client why (`code`: one of protocol.ERROR_CODES)."""
     seq: int
     error: str = ""
+    code: str = ""
 
     def frames(self):
-        return [self.KIND, b"%d" % self.seq, self.error.encode()]
+        return [self.KIND, b"%d" % self.seq, self.error.encode(), self.code.encode()]
 
     @classmethod
     def decode(cls, frames):
-        return cls(int(_bytes(frames[0])), _bytes(frames[1]).decode())
+        return cls(int(_bytes(frames[0])), _bytes(frames[1]).decode(), _bytes(frames[2]).decode())
 
 
 @dataclass(frozen=True)
@@ -215,10 +235,11 @@ class Part:
     array: np.ndarray
     tokens: list = None
     num_tokens: int = 0
+    truncated: int = 0  # how many of its texts were cut at max_seq_len
 
     def frames(self):
         header = {"seq": self.seq, "job_id": self.job_id, "offset": self.offset, "shape": list(self.array.shape),
-                  "tokens": self.tokens, "num_tokens": self.num_tokens}
+                  "tokens": self.tokens, "num_tokens": self.num_tokens, "truncated": self.truncated}
         return [self.KIND, _json(header), memoryview(np.ascontiguousarray(self.array, dtype=np.float32)).cast("B")]
 
     @classmethod

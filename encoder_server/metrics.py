@@ -29,6 +29,10 @@ class Histogram:
         self.sum += value
         self.count += 1
 
+    def count_truncated(self, texts):
+        with self._lock:
+            self.truncated += texts
+
     def add(self, snapshot):
         if tuple(snapshot["buckets"]) != self.buckets:
             return  # another server version's buckets: not comparable
@@ -41,7 +45,7 @@ class Histogram:
 
 
 class Metrics:
-    """Histograms plus the real and padded token totals of the passes run. Thread-safe."""
+    """Histograms, the real and padded token totals of the passes run, and the texts truncated. Thread-safe."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -60,6 +64,10 @@ class Metrics:
             self.tokens["padded"] += padded_tokens
             self.passes += 1
 
+    def count_truncated(self, texts):
+        with self._lock:
+            self.truncated += texts
+
     def add(self, snapshot):
         """Add another Metrics' snapshot (a worker's delta) to these totals."""
         with self._lock:
@@ -69,6 +77,7 @@ class Metrics:
             for kind in self.tokens:
                 self.tokens[kind] += snapshot.get("tokens", {}).get(kind, 0)
             self.passes += snapshot.get("passes", 0)
+            self.truncated += snapshot.get("truncated", 0)
 
     def snapshot(self):
         with self._lock:
@@ -83,9 +92,10 @@ class Metrics:
 
     def _snapshot(self):
         return {"histograms": {name: h.snapshot() for name, h in self.histograms.items()},
-                "tokens": dict(self.tokens), "passes": self.passes}
+                "tokens": dict(self.tokens), "passes": self.passes, "truncated": self.truncated}
 
     def _reset(self):
         self.histograms = {name: Histogram(buckets) for name, buckets in BUCKETS.items()}
         self.tokens = {"real": 0, "padded": 0}
         self.passes = 0
+        self.truncated = 0

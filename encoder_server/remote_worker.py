@@ -58,7 +58,7 @@ def worker_settings(config, args):
         raise ConfigError("the server uses CURVE: pass --server-key (its public .key) and --client-key "
                           "(this host's .key_secret, listed in its --authorized-clients)")
     same_device = args.device == config["device"]
-    settings = resolve(model=args.model, model_name=config.get("model_name"), device=args.device,
+    settings = resolve(model=args.model, device=args.device,
                        backend=args.backend or (config["backend"] if same_device else None),
                        quantize=config["quantize"] if same_device else None,
                        max_batch_tokens=config["max_batch_tokens"] if same_device else None,

@@ -11,14 +11,16 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from .backends import BACKENDS, default_backend
 from .backends.pooling import MASKABLE, STRATEGIES, PoolingSpec
-from .model_folder import UNSUPPORTED_POOLING, ConfigError, default_model_path, inspect_model_folder
+from .model_folder import ConfigError, default_model_path, inspect_model_folder
 
 MODEL, COMPUTE, SCHEDULING, NETWORK = "model and pooling", "compute", "scheduling", "network"
 DEVICES = ("cpu", "cuda")
 DEFAULT_BATCH_TOKENS = {"cpu": 1024, "cuda": 16384}  # chosen by measurement: benchmark/RESULTS.md
 BUNDLED_MODEL_NAME = "all-MiniLM-L6-v2"
 GATEWAY_TIMEOUT = 60.0  # seconds the HTTP gateway waits on the server for any one request (504 after)
-_PRIVATE = ("host", "onnx_file", "server_key", "authorized_clients", "api_key", "http_host")
+_PRIVATE = ("host", "onnx_file", "server_key", "authorized_clients", "api_key", "http_host", "encoder_path")
+# the names OpenAI clients send when none is configured (LangChain's and LlamaIndex's default)
+CLIENT_DEFAULT_NAMES = ("text-embedding-ada-002",)
 
 
 def choice(default, group, help, **bounds):
@@ -38,9 +40,13 @@ def parse_max_seq_len(value):
 
 @dataclass(frozen=True)
 class Settings:
-    model: str = choice(None, MODEL, "local Hugging Face model folder (default: the bundled all-MiniLM-L6-v2)")
-    model_name: str = choice(None, MODEL, "the model's id for HTTP clients (default: all-MiniLM-L6-v2 for the "
-                                          "bundled model, else the folder's name)")
+    model: str = choice(None, MODEL, "a model folder (Hugging Face or sentence-transformers), or a Hugging Face "
+                                     "id ORG/NAME, taken from the Hugging Face cache and downloaded when the "
+                                     "network allows (default: the bundled all-MiniLM-L6-v2)")
+    revision: str = choice(None, MODEL, "branch, tag or commit of a Hugging Face id (default: main)")
+    model_name: tuple = choice(None, MODEL, "another name HTTP clients may call the model by; may be given several "
+                                            "times (the served name is the Hugging Face id, the folder's name or "
+                                            "all-MiniLM-L6-v2)", action="append")
     pooling_strategy: str = choice(None, MODEL, "how token vectors become one vector (default: the model "
                                                 "folder's sentence-transformers pooling, else mean)",
                                    choices=STRATEGIES)
@@ -53,6 +59,8 @@ class Settings:
     max_seq_len: int = choice("auto", MODEL, "tokens kept per text, or 'none' for the model's limit with padding "
                                              "to the longest text of each batch; 'auto' takes sentence-transformers' "
                                              "max_seq_length, else the model's limit", parse=parse_max_seq_len)
+    default_prompt_name: str = choice(None, MODEL, "the prompt of the model's `prompts` applied when a request "
+                                                   "names none (default: the model's default_prompt_name)")
     show_tokens_to_client: bool = choice(False, MODEL, "allow clients to ask for their WordPiece tokens")
 
     backend: str = choice(None, COMPUTE, "inference engine (default: onnx on cpu, torch on cuda)",
@@ -100,7 +108,12 @@ class Settings:
     verbose: bool = choice(False, None, "debug logging")
 
     # derived by resolve() from the model folder, and by backends.prepare_model
+    encoder_path: str = None  # the folder of the encoder's weights and tokenizer
     pooling_source: str = None
+    include_prompt: bool = True  # whether prompt tokens count in pooling
+    head: tuple = ()          # model_folder.HeadLayer modules run after pooling
+    prompts: dict = None      # prompt name -> text
+    overrides: tuple = ()     # where the user's choices depart from the model's own configuration
     truncate_at: int = None   # tokens kept per text
     num_layers: int = None
     hidden_size: int = None
@@ -112,7 +125,7 @@ class Settings:
 
     @property
     def embedding_dim(self):
-        return self.pooling.output_width(self.hidden_size)
+        return self.head[-1].out_features if self.head else self.pooling.output_width(self.hidden_size)
 
     def listening(self):
         """(host, port) of every port this server listens on."""
@@ -127,6 +140,8 @@ class Settings:
         """What SHOW_CONFIG reveals: no file-system paths, no keys, no internal addresses."""
         config = {name: value for name, value in asdict(self).items() if name not in _PRIVATE}
         config.update(model=os.path.basename(os.path.normpath(self.model)), pooling_layer=list(self.pooling_layer),
+                      model_name=self.model_name[0], model_names=list(self.model_name),
+                      head=[layer.describe() for layer in self.head], overrides=list(self.overrides),
                       embedding_dim=self.embedding_dim, curve=self.server_key is not None,
                       clients_authenticated=self.authorized_clients is not None)
         return config
@@ -140,30 +155,96 @@ def resolve(**choices):
     takes the model folder's default. ConfigError, one line, for a choice that cannot work."""
     chosen = Settings(**choices)
     _check_bounds(chosen)
-    info = inspect_model_folder(chosen.model or default_model_path())
-    from_st = info.st_pooling is not None
-    if chosen.pooling_strategy is None and info.st_pooling == UNSUPPORTED_POOLING:
-        raise ConfigError(f"--model {info.path}: its sentence-transformers pooling has no equivalent "
-                          "here; choose one with --pooling-strategy")
+    folder, served_name = locate_model(chosen.model, chosen.revision)
+    info = inspect_model_folder(folder)
+    from_st = info.sentence_transformers
+    if from_st and info.st_pooling is None and chosen.pooling_strategy is None:
+        raise ConfigError(f"--model {info.path}: its pooling ({' + '.join(info.st_pooling_modes) or 'no mode'}) "
+                          "has no equivalent here; choose one with --pooling-strategy")
     device = chosen.device
     num_worker = _unless_chosen(chosen.num_worker, _cpu_count() if device == "cpu" else 1)
     settings = replace(
-        chosen, model=str(info.path),
-        model_name=chosen.model_name or (os.path.basename(info.path) if chosen.model else BUNDLED_MODEL_NAME),
+        chosen, model=str(info.path), encoder_path=str(info.transformer_path),
+        model_name=tuple(dict.fromkeys((served_name, *(chosen.model_name or ()), *CLIENT_DEFAULT_NAMES))),
         pooling_strategy=chosen.pooling_strategy or (info.st_pooling if from_st else "mean"),
         pooling_layer=tuple(chosen.pooling_layer or ([-1] if from_st else [-2])),
         normalize=info.st_normalize if chosen.normalize is None else chosen.normalize,
         pooling_source="sentence-transformers config" if from_st else "bert-as-service defaults",
+        include_prompt=info.st_include_prompt, prompts=dict(info.prompts),
+        default_prompt_name=_unless_chosen(chosen.default_prompt_name, info.default_prompt_name),
         max_seq_len=_resolve_max_seq_len(chosen.max_seq_len, info, from_st),
         num_layers=info.num_layers, hidden_size=info.hidden_size,
         backend=chosen.backend or default_backend(device), num_worker=num_worker,
         threads_per_worker=_unless_chosen(chosen.threads_per_worker, _default_threads(num_worker, device)),
         max_batch_tokens=_unless_chosen(chosen.max_batch_tokens, DEFAULT_BATCH_TOKENS[device]))
     settings = replace(settings, truncate_at=settings.max_seq_len or info.max_positions)
+    settings = replace(settings, **_head_and_overrides(settings, info))
     _check_pooling(settings.pooling, info.num_layers)
+    _check_prompt_name(settings)
     _check_engine(settings)
     _check_keys(settings.server_key, settings.authorized_clients)
     return settings
+
+
+def locate_model(model, revision=None):
+    """(folder, served name) of `--model`: the bundled model, a folder, or a Hugging Face id."""
+    if model is None:
+        if revision:
+            raise ConfigError("--revision needs --model with a Hugging Face id")
+        return default_model_path(), BUNDLED_MODEL_NAME
+    if os.path.isdir(model) or model.startswith(("/", ".", "~")) or model.count("/") > 1:
+        if not os.path.isdir(model):
+            raise ConfigError(f"--model {model}: no such folder")
+        if revision:
+            raise ConfigError(f"--revision {revision}: --model {model} is a folder, not a Hugging Face id")
+        return model, _name_of_folder(model)
+    from .hub import download_model
+    return download_model(model, revision), model
+
+
+def _name_of_folder(folder):
+    """A folder's served name: ORG/NAME for a snapshot in the Hugging Face cache, else its name."""
+    parts = os.path.normpath(os.path.abspath(folder)).split(os.sep)
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3][len("models--"):].replace("--", "/")
+    return parts[-1]
+
+
+def _head_and_overrides(settings, info):
+    """The head the served model runs, and a line for each way the user's choices change what the
+    model folder would compute by itself (the start-up log shows them)."""
+    if not info.sentence_transformers:
+        return {"head": (), "overrides": ()}
+    own = PoolingSpec(info.st_pooling or " + ".join(info.st_pooling_modes), (-1,), False, info.st_normalize)
+    pooling, overrides = settings.pooling, []
+    for name, mine, theirs in (("--pooling-strategy", pooling.strategy, own.strategy),
+                               ("--pooling-layer", pooling.layers, own.layers),
+                               ("--mask-cls-sep", pooling.mask_cls_sep, own.mask_cls_sep),
+                               ("--normalize", pooling.normalize, own.normalize)):
+        if mine != theirs:
+            overrides.append(f"{name} {_shown(mine)} replaces the model's own {_shown(theirs)}")
+    head = info.head
+    width = pooling.output_width(info.hidden_size)
+    if head and not overrides and head[0].in_features != width:
+        raise ConfigError(f"--model {info.path}: its {head[0].describe()} takes {head[0].in_features} features, "
+                          f"but its pooling gives {width}")
+    if head and (pooling.token_level or head[0].in_features != width):
+        overrides.append(f"the model's {' + '.join(layer.describe() for layer in head)} after pooling is dropped: "
+                         f"it takes {head[0].in_features} features and this pooling gives {width}, so rows are "
+                         f"{width} wide, not {head[-1].out_features}")
+        head = ()
+    return {"head": head, "overrides": tuple(overrides)}
+
+
+def _shown(value):
+    return ", ".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def _check_prompt_name(settings):
+    name = settings.default_prompt_name
+    if name is not None and name not in settings.prompts:
+        known = ", ".join(settings.prompts) or "none"
+        raise ConfigError(f"--default-prompt-name {name}: the model has no such prompt (it has: {known})")
 
 
 def _check_pooling(pooling, num_layers):

@@ -64,24 +64,25 @@ class Sink:
         message = messages.decode_or_log(frames, self.log, "a worker or the ventilator")
         if isinstance(message, messages.Part):
             self.publish_result(self.assembler.add_part(message.seq, message.offset, message.array, message.tokens,
-                                                        message.num_tokens))
+                                                        message.num_tokens, message.truncated))
             self.feedback.send_multipart(messages.Done(message.job_id).frames())
         elif isinstance(message, messages.Register):
             self.publish_result(self.assembler.register(message.seq, message.registration))
         elif isinstance(message, messages.Publish):
             self.deliver(message.identity, message.reply)
         elif isinstance(message, messages.Forget):
-            self.forget(message.seq, message.error)
+            self.forget(message)
 
-    def forget(self, seq, error):
-        registration = self.assembler.forget(seq)
-        if registration is not None and error:
-            self.deliver(registration.identity, encode_error(registration.identity, registration.req_id, error))
+    def forget(self, message):
+        registration = self.assembler.forget(message.seq)
+        if registration is not None and message.error:
+            self.deliver(registration.identity, encode_error(registration.identity, registration.req_id,
+                                                             message.error, message.code or None))
 
     def publish_result(self, completed):
         if completed is not None:
             self.deliver(completed.identity, encode_result(completed.identity, completed.req_id, completed.array,
-                                                           completed.tokens, completed.num_tokens))
+                                                           completed.tokens, completed.num_tokens, completed.truncated))
 
     def deliver(self, identity, frames, held=None):
         """Publish now if someone listens and has room; otherwise hold the reply for later."""

@@ -17,12 +17,12 @@ from collections import Counter
 
 import zmq
 
-from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, PROTOCOL_VERSION, ProtocolError, decode_request,
-                                     encode_data, encode_error)
+from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, PROTOCOL_VERSION, TOO_LARGE, ProtocolError,
+                                     decode_request, encode_data, encode_error)
 from encoder_client.status import Requests, ServerStatus, Texts
 
 from . import __version__, messages
-from .intake import is_loopback, parse_encode
+from .intake import is_loopback, model_choices, parse_encode
 from .liveness import Liveness
 from .metrics import Metrics
 from .runtime import POLL_MS, make_socket, start_child
@@ -103,8 +103,8 @@ class Ventilator:
             elif self.draining:
                 self.reply_error(request.identity, request.req_id, "the server is shutting down", DRAINING)
             else:
-                self.admit(parse_encode(request, self.settings.show_tokens_to_client,
-                                        self.settings.max_pending_texts))
+                encode = parse_encode(request, self.settings.show_tokens_to_client, self.settings.max_pending_texts)
+                self.admit(encode, model_choices(encode, self.settings))
         except ProtocolError as error:
             self.log.warning("bad request from %s: %s", peer or "?", error)
             if error.identity is not None:
@@ -124,7 +124,7 @@ class Ventilator:
             self.publish(encode_data(request.identity, request.req_id, {"terminating": True}))
             self.start_draining()
 
-    def admit(self, request):
+    def admit(self, request, choices):
         pending, limit = self.dispatcher.pending_texts, self.settings.max_pending_texts
         if pending + len(request.texts) > limit:
             return self.refuse_busy(request, f"server busy: {pending} texts pending, the limit is {limit}; "
@@ -138,14 +138,14 @@ class Ventilator:
             return self.refuse_busy(request, "server busy: the result queue is full; retry later")
         self.next_seq += 1
         self.dispatcher.submit(seq, request.identity, request.texts, time.monotonic(), request.timeout_s,
-                               is_tokenized=request.is_tokenized, with_tokens=request.with_tokens)
+                               is_tokenized=request.is_tokenized, with_tokens=request.with_tokens, **choices)
         self.log.debug("request %d: %d texts from %r", seq, len(request.texts), request.identity)
 
     def refuse_busy(self, request, message):
         self.counters["requests_busy"] += 1
         self.reply_error(request.identity, request.req_id, message, BUSY)
 
-    def end_request(self, seq, outcome, error=None):
+    def end_request(self, seq, outcome, error=None, code=None):
         """Stop a request early (expired, abandoned or failed): drop its queued jobs, and have the
         sink forget it and, with `error`, tell its client why."""
         skipped = self.dispatcher.cancel(seq)
@@ -154,7 +154,7 @@ class Ventilator:
         self.counters[f"requests_{outcome}"] += 1
         self.counters[f"texts_{outcome}"] += skipped
         self.log.info("request %d %s: %d texts never computed", seq, outcome, skipped)
-        self.send_to_sink(messages.Forget(seq, error or "").frames())
+        self.send_to_sink(messages.Forget(seq, error or "", code or "").frames())
 
     # ----- workers -----
 
@@ -175,6 +175,11 @@ class Ventilator:
             if job is not None:
                 self.counters["texts_expired"] += len(job.texts)
                 self.end_request(job.seq, "expired")
+        elif isinstance(message, messages.Refused):
+            job = self.dispatcher.job_dropped(message.job_id)
+            if job is not None:
+                self.counters["texts_refused"] += len(job.texts)
+                self.end_request(job.seq, "refused", message.error, TOO_LARGE)
 
     def keep_workers(self):
         """Drop the workers that fell silent, and send the others their heartbeat when it is due."""

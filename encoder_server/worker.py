@@ -1,9 +1,10 @@
 """A worker: it receives jobs, tokenizes them ahead of the model, and runs them in two lanes.
 
 Threads: `intake` alone uses the `jobs` socket (DEALER to the ventilator): it receives jobs,
-stamps their arrival, sends heartbeats and reports the jobs it dropped; it never tokenizes or
+stamps their arrival, sends heartbeats and reports the jobs it dropped or refused; it never tokenizes or
 computes, so neither delays a heartbeat nor skews an arrival time. `prefetch` tokenizes received
-jobs (the Embedder's first stage) and drops those whose budget ran out before it reached them.
+jobs (the Embedder's first stage), drops those whose budget ran out before it reached them and
+refuses those with a text too long for a request that forbids truncation.
 The priority lane runs small requests and the bulk lane split ones, each on its own thread with
 its own `results` PUSH to the sink, so a small request never waits for a bulk pass to finish.
 Their logic is in batching.py; the model is an Embedder (backends/).
@@ -44,7 +45,7 @@ class Worker:
         self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.embedder.tokenizer.pad_id)
         self.batch_wait_s = settings.batch_wait_ms / 1000
         self.received = queue.SimpleQueue()  # (job, monotonic arrival), from intake to prefetch
-        self.dropped = queue.SimpleQueue()   # job ids whose budget ran out, for intake to report
+        self.outbox = queue.SimpleQueue()    # Dropped and Refused messages, for intake to send
         self.buffered = threading.Condition()
         self.failed = False
         self.busy_since = {}  # stage (prefetch or a lane) -> monotonic start of the step it is on
@@ -61,7 +62,7 @@ class Worker:
                     frames = jobs.recv_multipart()
                     heard = time.monotonic()
                     self.on_message(frames, heard)
-                self.report_dropped(jobs)
+                self.send_outbox(jobs)
                 if time.monotonic() >= next_beat and not self.stalled():
                     jobs.send_multipart(messages.Heartbeat(self.metrics.take()).frames())
                     next_beat = time.monotonic() + HEARTBEAT_INTERVAL
@@ -86,9 +87,9 @@ class Worker:
         if isinstance(message, messages.Job):
             self.received.put((message, arrived))
 
-    def report_dropped(self, jobs):
-        while not self.dropped.empty():
-            jobs.send_multipart(messages.Dropped(self.dropped.get()).frames())
+    def send_outbox(self, jobs):
+        while not self.outbox.empty():
+            jobs.send_multipart(self.outbox.get().frames())
 
     def stalled(self):
         now = time.monotonic()
@@ -111,10 +112,17 @@ class Worker:
 
     def take(self, job, arrived):
         if job.spent(arrived, time.monotonic()):
-            self.dropped.put(job.job_id)
+            self.outbox.put(messages.Dropped(job.job_id))
             return
         fault_injection.inject(job.texts)
-        encoding = self.embedder.tokenize(job.texts, job.is_tokenized, job.with_tokens)
+        encoding = self.embedder.tokenize(job.texts, job.is_tokenized, job.with_tokens, job.prompt)
+        if encoding.truncated and not job.truncate:
+            index, length = min(encoding.truncated.items())
+            self.outbox.put(messages.Refused(job.job_id, f"texts[{job.offset + index}] is {length} tokens, above "
+                                                         f"the server's limit of {self.embedder.tokenizer.truncate_at}"
+                                                         " (max_seq_len); shorten it, or allow truncation"))
+            return
+        self.metrics.count_truncated(len(encoding.truncated))
         with self.buffered:
             self.planner.add(Tokenized(job, encoding, arrived))
             self.buffered.notify_all()
@@ -129,8 +137,9 @@ class Worker:
                 batch = self._next_pass(lane)
                 if batch is not None:
                     for done in batch.scatter(self.run_pass(lane, batch)):
-                        part = messages.Part(done.job.seq, done.job.job_id, done.job.offset, done.result(),
-                                             done.encoding.tokens, done.encoding.num_tokens)
+                        part = messages.Part(done.job.seq, done.job.job_id, done.job.offset,
+                                             self.embedder.finish(done.result(), done.job.normalize),
+                                             done.encoding.tokens, done.encoding.num_tokens, len(done.encoding.truncated))
                         results.send_multipart(part.frames(), copy=False)
         except Exception:
             self.fail(f"{lane} lane")

@@ -13,13 +13,13 @@ CLS, SEP = 101, 102
 
 def make_job(lengths, priority=False, job_id=1, seq=1, offset=0):
     """Row r has ids [CLS, marker, 5, 5, ..., SEP] with marker = 1000 * job_id + r (lengths >= 3)."""
-    ids, special = [], []
+    ids, pooled = [], []
     for row, length in enumerate(lengths):
         assert length >= 3
         ids.append([CLS, 1000 * job_id + row] + [5] * (length - 3) + [SEP])
-        special.append([1] + [0] * (length - 2) + [1])
+        pooled.append([0] + [1] * (length - 2) + [0])
     job = Job(job_id, seq, offset, texts=["x"] * len(lengths), priority=priority)
-    return Tokenized(job, Encoding(ids, special))
+    return Tokenized(job, Encoding(ids, pooled))
 
 
 def fake_model(batch):
@@ -107,12 +107,12 @@ def test_padding_uses_pad_id_and_masks_are_right():
     assert batch.inputs.input_ids.dtype == np.int64
     assert batch.inputs.input_ids.shape == (3, 6)
     for i, (j, row) in enumerate(batch.rows):
-        ids, special = job.ids[row], job.encoding.special[row]
+        ids, pooled = job.ids[row], job.encoding.pooled[row]
         n = len(ids)
         assert list(batch.inputs.input_ids[i, :n]) == ids
         assert np.all(batch.inputs.input_ids[i, n:] == 7)
         assert list(batch.inputs.attention_mask[i]) == [1] * n + [0] * (6 - n)
-        assert list(batch.inputs.special_tokens_mask[i]) == special + [0] * (6 - n)
+        assert list(batch.inputs.pool_mask[i]) == pooled + [0] * (6 - n)
     assert [row for _, row in batch.rows] == [1, 2, 0]     # sorted by length 3, 4, 6
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from encoder_server.backends.pooling import MASKABLE as MASKABLE_STRATEGIES
+from encoder_server.arrays import normalize_rows
 from encoder_server.backends.pooling import STRATEGIES, PoolingSpec, pool
 
 N, SEQ, DIM, STATES = 4, 7, 5, 4          # STATES = embedding output + 3 layers
@@ -27,6 +28,12 @@ def ref_pool(hidden, layers, strategy, attention, special=None, normalize=False)
             selected = h[i][keep]
             if strategy == "mean":
                 rows.append(selected.mean(axis=0) if len(selected) else np.zeros(h.shape[2]))
+            elif strategy == "mean_sqrt_len":
+                rows.append(selected.sum(axis=0) / np.sqrt(max(len(selected), 1e-9)))
+            elif strategy == "weighted_mean":
+                weights = (np.arange(h.shape[1]) + 1.0)[keep]
+                total = weights.sum()
+                rows.append((selected * weights[:, None]).sum(axis=0) / total if total else np.zeros(h.shape[2]))
             elif strategy == "max":
                 rows.append(selected.max(axis=0) if len(selected) else np.zeros(h.shape[2]))
             elif strategy == "mean_max":
@@ -34,7 +41,7 @@ def ref_pool(hidden, layers, strategy, attention, special=None, normalize=False)
                 mx = selected.max(axis=0) if len(selected) else np.zeros(h.shape[2])
                 rows.append(np.concatenate([mean, mx]))
             elif strategy == "cls":
-                rows.append(h[i, 0])
+                rows.append(h[i, int(np.argmax(keep))])  # the first token that counts
             elif strategy == "last":
                 rows.append(h[i, lengths[i] - 1])
             elif strategy == "none":
@@ -69,14 +76,15 @@ def make_inputs(seed=0, lengths=LENGTHS, seq=SEQ, pad_value=None):
 
 
 def run_pool(hidden, layers, strategy, attention, special=None, normalize=False, dtype=torch.float32):
+    """Pooling as the served model does it: the graph pools over the pool mask, then the worker normalizes."""
     states = tuple(torch.tensor(h, dtype=dtype) for h in hidden)
-    out = pool(states, layers, strategy, torch.tensor(attention),
-               None if special is None else torch.tensor(special), normalize)
-    return out.float().numpy()
+    pool_mask = attention if special is None else attention * (1 - special)
+    out = pool(states, layers, strategy, torch.tensor(attention), torch.tensor(pool_mask)).float().numpy()
+    return normalize_rows(out) if normalize else out
 
 
-ALL = ["mean", "max", "mean_max", "cls", "last", "none"]  # the strategies ref_pool knows
-MASKABLE = ["mean", "max", "mean_max", "none"]
+ALL = ["mean", "max", "mean_max", "cls", "last", "none", "mean_sqrt_len", "weighted_mean"]  # what ref_pool knows
+MASKABLE = ["mean", "max", "mean_max", "none", "mean_sqrt_len", "weighted_mean"]
 
 
 def test_the_reference_knows_every_strategy_there_is():
@@ -194,6 +202,21 @@ def test_cls_picks_position_zero():
     hidden, attention, _ = make_inputs(9)
     got = run_pool(hidden, [1], "cls", attention)
     np.testing.assert_allclose(got, hidden[1][:, 0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["cls", "mean", "weighted_mean", "last"])
+def test_a_left_out_prompt_moves_pooling_past_it(strategy):
+    """sentence-transformers 6 with include_prompt=False: the prompt's tokens ([CLS] too) do not count,
+    so cls takes the first token after the prompt; last still takes the last real token."""
+    hidden, attention, _ = make_inputs(12)
+    prompt = np.zeros_like(attention)
+    prompt[:, :2] = 1  # [CLS] + one prompt token
+    states = tuple(torch.tensor(h) for h in hidden)
+    got = pool(states, [-1], strategy, torch.tensor(attention), torch.tensor(attention * (1 - prompt))).numpy()
+    np.testing.assert_allclose(got, ref_pool(hidden, [-1], strategy, attention, prompt), rtol=1e-6, atol=1e-6)
+    if strategy == "cls":
+        longer = [i for i, length in enumerate(LENGTHS) if length > 2]
+        np.testing.assert_allclose(got[longer], hidden[-1][longer, 2], rtol=1e-6)
 
 
 @pytest.mark.parametrize("strategy", ["max", "mean_max"])

@@ -98,11 +98,13 @@ def test_sigint_stops_cleanly_and_refuses_nothing_in_flight(tiny_model, tmp_path
 
 def _start(*flags):
     return subprocess.run([sys.executable, "-m", "encoder_server.cli", "start", *flags],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--model", "/nonexistent/model"], "no config.json"),
+    (["--model", "/nonexistent/model"], "no such folder"),
+    (["--model", "/tmp"], "no config.json"),
+    (["--model", "no-such-org/no-such-model"], "not in the Hugging Face cache"),
     (["--max-seq-len", "100000"], "above the model's limit"),
     (["--pooling-layer", "9"], "--pooling-layer 9"),
     (["--pooling-strategy", "cls", "--mask-cls-sep"], "--mask-cls-sep"),

@@ -206,9 +206,8 @@ def test_unknown_strategy(tmp_path):
         resolve(model=str(plain_folder(tmp_path)), pooling_strategy="median")
 
 
-@pytest.mark.parametrize("modes", [("pooling_mode_mean_sqrt_len_tokens",),
-                                   ("pooling_mode_weightedmean_tokens",),
-                                   ("pooling_mode_mean_tokens", "pooling_mode_max_tokens"),
+@pytest.mark.parametrize("modes", [("pooling_mode_mean_tokens", "pooling_mode_max_tokens"),  # max, then mean
+                                   ("pooling_mode_cls_token", "pooling_mode_lasttoken"),
                                    ()])
 def test_unsupported_sentence_transformers_pooling(tmp_path, modes):
     folder = st_folder(tmp_path, modes=modes)
@@ -305,3 +304,122 @@ def test_show_config_reports_the_choices_under_their_own_names_and_the_real_widt
 def test_an_unknown_choice_is_refused_by_name(tmp_path):
     with pytest.raises(TypeError, match="pooling_mode"):
         resolve(model=str(plain_folder(tmp_path)), pooling_mode="mean")
+
+
+# ----- sentence-transformers module stacks, as each version writes them -----
+
+def with_modules(folder, *extra, pooling=None):
+    """Replace the st_folder's modules after the Transformer and its Pooling config."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling",
+                "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling"}]
+    for index, (kind, path, config) in enumerate(extra, start=2):
+        modules.append({"idx": index, "name": str(index), "path": path, "type": f"sentence_transformers.models.{kind}"})
+        if config is not None:
+            write(folder / path / "config.json", config)
+            (folder / path / "model.safetensors").write_bytes(b"")
+    write(folder / "modules.json", modules)
+    if pooling is not None:
+        write(folder / "1_Pooling" / "config.json", pooling)
+    return folder
+
+
+@pytest.mark.parametrize("pooling, strategy", [
+    ({"pooling_mode": "cls"}, "cls"), ({"pooling_mode": "lasttoken"}, "last"),
+    ({"pooling_mode": ["mean"]}, "mean"), ({"pooling_mode": ["mean", "max"]}, "mean_max"),
+    ({"pooling_mode": "mean_sqrt_len_tokens"}, "mean_sqrt_len"), ({"pooling_mode": "weightedmean"}, "weighted_mean"),
+    ({"pooling_mode_weightedmean_tokens": True}, "weighted_mean"),
+])
+def test_every_pooling_format(tmp_path, pooling, strategy):
+    folder = with_modules(st_folder(tmp_path, normalize=False), pooling={"embedding_dimension": 32, **pooling})
+    assert resolve(model=str(folder)).pooling.strategy == strategy
+
+
+def test_include_prompt_false_is_read(tmp_path):
+    folder = with_modules(st_folder(tmp_path), pooling={"pooling_mode": "mean", "include_prompt": False})
+    assert resolve(model=str(folder)).include_prompt is False
+    assert resolve(model=str(st_folder(tmp_path, "other"))).include_prompt is True
+
+
+def test_dense_and_layer_norm_make_the_head_and_set_the_width(tmp_path):
+    dense = {"in_features": 32, "out_features": 8, "bias": True,
+             "activation_function": "torch.nn.modules.activation.Tanh"}
+    folder = with_modules(st_folder(tmp_path), ("Dense", "2_Dense", dense), ("LayerNorm", "3_LayerNorm", {"dimension": 8}),
+                          ("Normalize", "4_Normalize", None))
+    settings = resolve(model=str(folder))
+    assert [layer.describe() for layer in settings.head] == ["Dense(32->8, Tanh)", "LayerNorm(8)"]
+    assert settings.embedding_dim == 8 and settings.public_config()["embedding_dim"] == 8
+    assert settings.normalize is True and settings.overrides == ()
+
+
+def test_pooling_of_another_width_drops_the_head_and_says_so(tmp_path):
+    dense = {"in_features": 32, "out_features": 8}
+    folder = with_modules(st_folder(tmp_path), ("Dense", "2_Dense", dense))
+    settings = resolve(model=str(folder), pooling_strategy="mean_max")
+    assert settings.head == () and settings.embedding_dim == 64
+    assert any("Dense(32->8, Tanh)" in line and "dropped" in line for line in settings.overrides)
+    assert any("--pooling-strategy mean_max replaces the model's own cls" in line for line in settings.overrides)
+    same_width = resolve(model=str(folder), pooling_strategy="mean")
+    assert same_width.embedding_dim == 8 and len(same_width.head) == 1
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([("WordWeights", "2_WordWeights", {})], "'sentence_transformers.models.WordWeights'"),
+    ([("Normalize", "2_Normalize", None), ("Dense", "3_Dense", {"in_features": 32, "out_features": 8})],
+     "'sentence_transformers.models.Dense'"),
+    ([("Dense", "2_Dense", {"in_features": 16, "out_features": 8})], "takes 16 features"),
+    ([("Dense", "2_Dense", {"in_features": 32, "out_features": 8, "activation_function": "mylib.Swish"})],
+     "'mylib.Swish'"),
+    ([("Dense", "2_Dense", {"in_features": 32, "out_features": 0})], "out_features"),
+    ([("Dense", "2_Dense", None)], "2_Dense/config.json: missing"),
+])
+def test_a_module_the_server_cannot_reproduce_is_a_start_up_error(tmp_path, extra, message):
+    folder = with_modules(st_folder(tmp_path), *extra)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        resolve(model=str(folder))
+
+
+def test_malformed_modules_json(tmp_path):
+    folder = st_folder(tmp_path)
+    write(folder / "modules.json", "[{]")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        resolve(model=str(folder))
+    write(folder / "modules.json", {"idx": 0})
+    with pytest.raises(ConfigError, match="a list of modules"):
+        resolve(model=str(folder))
+    (folder / "1_Pooling" / "config.json").unlink()
+    with_modules(folder)
+    with pytest.raises(ConfigError, match="1_Pooling/config.json: missing"):
+        resolve(model=str(folder))
+
+
+def test_transformer_in_a_subfolder_as_version_2_saved_it(tmp_path):
+    root = tmp_path / "v2-model"
+    plain_folder(root, "0_Transformer", layers=4)
+    write(root / "modules.json", [{"idx": 0, "name": "0", "path": "0_Transformer",
+                                   "type": "sentence_transformers.models.Transformer"},
+                                  {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])
+    write(root / "1_Pooling" / "config.json", {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True})
+    settings = resolve(model=str(root))
+    assert settings.encoder_path == str(root / "0_Transformer") and settings.num_layers == 4
+    assert settings.model_name[0] == "v2-model"
+
+
+def test_prompts_and_the_default_prompt_name(tmp_path):
+    folder = st_folder(tmp_path)
+    write(folder / "config_sentence_transformers.json", {"prompts": {"query": "query: ", "passage": "passage: "},
+                                                         "default_prompt_name": "query"})
+    settings = resolve(model=str(folder))
+    assert settings.prompts == {"query": "query: ", "passage": "passage: "}
+    assert settings.default_prompt_name == "query"
+    assert resolve(model=str(folder), default_prompt_name="passage").default_prompt_name == "passage"
+    with pytest.raises(ConfigError, match="no such prompt"):
+        resolve(model=str(folder), default_prompt_name="document")
+
+
+def test_served_names(tmp_path):
+    snapshot = plain_folder(tmp_path / "hub" / "models--acme--tiny-encoder" / "snapshots", "0123abcd")
+    settings = resolve(model=str(snapshot), model_name=["small", "small"])
+    assert settings.model_name == ("acme/tiny-encoder", "small", "text-embedding-ada-002")
+    assert settings.public_config()["model_name"] == "acme/tiny-encoder"
+    assert settings.public_config()["model_names"] == list(settings.model_name)

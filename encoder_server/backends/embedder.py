@@ -9,7 +9,7 @@ benchmark's in-process engine, Ray and other in-process users) calls `embed_text
 """
 from encoder_client.validation import check_texts
 
-from ..arrays import stack_rows
+from ..arrays import normalize_rows, stack_rows
 from . import load_backend, prepare_model
 from .passes import plan_passes
 from .tokenizer import Tokenizer
@@ -19,7 +19,8 @@ class Embedder:
     def __init__(self, settings):
         """From resolved settings whose model files are ready; `Embedder.load` does both."""
         self.settings = settings
-        self.tokenizer = Tokenizer(settings.model, settings.truncate_at)
+        self.tokenizer = Tokenizer(settings.encoder_path, settings.truncate_at, settings.pooling.mask_cls_sep,
+                                   settings.include_prompt)
         self.backend = load_backend(settings)
 
     @classmethod
@@ -36,28 +37,34 @@ class Embedder:
         """Floats per embedding (per token with token-level pooling)."""
         return self.settings.embedding_dim
 
-    def tokenize(self, texts, is_tokenized=False, with_tokens=False):
-        return self.tokenizer.tokenize(texts, is_tokenized, with_tokens)
+    def tokenize(self, texts, is_tokenized=False, with_tokens=False, prompt=""):
+        return self.tokenizer.tokenize(texts, is_tokenized, with_tokens, prompt)
 
     def run(self, inputs):
-        """One forward pass: pooled (and normalized, when the model says so) float32 rows."""
+        """One forward pass: pooled float32 rows, through the model's head, not normalized."""
         return self.backend.run(inputs)
 
-    def embed_texts(self, texts):
-        """A [len(texts), dimension] float32 array; TypeError or ValueError naming a bad text."""
-        check_texts(texts)
-        return self.embed_encoding(self.tokenize(texts))
+    def finish(self, rows, normalize=None):
+        """Rows as served: L2-normalized when `normalize` says so (None: as the model says)."""
+        return normalize_rows(rows) if (self.settings.normalize if normalize is None else normalize) else rows
 
-    def embed_tokens(self, words):
+    def embed_texts(self, texts, prompt=None, normalize=None):
+        """A [len(texts), dimension] float32 array; TypeError or ValueError naming a bad text.
+        `prompt` is prepended to each text (None: the server's default prompt, if any)."""
+        check_texts(texts)
+        prompt = self.settings.prompts.get(self.settings.default_prompt_name, "") if prompt is None else prompt
+        return self.embed_encoding(self.tokenize(texts, prompt=prompt), normalize)
+
+    def embed_tokens(self, words, normalize=None):
         """The same for texts already split into words (bert-as-service's is_tokenized)."""
         check_texts(words, is_tokenized=True)
-        return self.embed_encoding(self.tokenize(words, is_tokenized=True))
+        return self.embed_encoding(self.tokenize(words, is_tokenized=True), normalize)
 
-    def embed_encoding(self, encoding):
+    def embed_encoding(self, encoding, normalize=None):
         """Tokenized texts, embedded in passes of similar length under the token budget."""
         rows = [None] * len(encoding)
         for group, inputs in plan_passes(encoding, self.settings.max_batch_tokens, self.settings.max_batch_size,
                                          self.tokenizer.pad_id):
             for index, output in zip(group, self.run(inputs)):
                 rows[index] = output
-        return stack_rows(rows)
+        return self.finish(stack_rows(rows), normalize)

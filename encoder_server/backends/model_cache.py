@@ -18,7 +18,7 @@ from filelock import FileLock
 from . import onnx_export
 
 log = logging.getLogger(__name__)
-FORMAT = 1
+FORMAT = 2  # 2: a pool_mask input, the model's head inside, no normalization
 CACHE_ENV = "ENCODER_SERVER_CACHE"
 
 
@@ -81,14 +81,14 @@ def _key(settings, precision):
     import torch
     import transformers
 
-    recipe = {"format": FORMAT, "model": _folder_digest(settings.model), "precision": precision,
+    recipe = {"format": FORMAT, "model": _folder_digest(settings.encoder_path), "precision": precision,
+              "head": [[layer.describe(), _folder_digest(layer.folder)] for layer in settings.head],
               "int8": onnx_export.INT8_RECIPE if precision == "int8" else None,
-              "pooling": [settings.pooling.strategy, list(settings.pooling.layers), settings.pooling.mask_cls_sep,
-                          settings.pooling.normalize, settings.num_layers],
+              "pooling": [settings.pooling.strategy, list(settings.pooling.layers), settings.num_layers],
               "opset": onnx_export.OPSET, "torch": torch.__version__, "transformers": transformers.__version__,
               "onnxruntime": onnxruntime.__version__}
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
-    return f"{Path(settings.model).name}-{precision}-{digest}"
+    return f"{Path(settings.model).name[:60]}-{precision}-{digest}"
 
 
 def _folder_digest(folder):

@@ -4,7 +4,7 @@ rows sorted by length are cut into passes. Pure.
 A pass is capped by padded tokens (rows x longest row) and by row count, so a 4-token text is
 never padded to 256.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -13,8 +13,9 @@ import numpy as np
 class Encoding:
     """Texts as token ids, [CLS] and [SEP] included, no padding."""
     ids: list            # token ids per text
-    special: list        # per text, 1 where ids holds a special token
+    pooled: list         # per text, 1 where the token counts in pooling
     tokens: list = None  # WordPiece strings per text, when asked for
+    truncated: dict = field(default_factory=dict)  # index -> its token count before truncation
 
     def __len__(self):
         return len(self.ids)
@@ -29,20 +30,20 @@ class Pass:
     """Padded model input: every array is [rows, longest row] int64."""
     input_ids: np.ndarray
     attention_mask: np.ndarray
-    special_tokens_mask: np.ndarray
+    pool_mask: np.ndarray  # 1 for the tokens that count in pooling
 
     @classmethod
-    def pad(cls, ids, special, pad_id=0):
-        """A pass from per-row token ids and special-token masks (no padding in them yet)."""
+    def pad(cls, ids, pooled, pad_id=0):
+        """A pass from per-row token ids and pooling masks (no padding in them yet)."""
         longest = max(len(row) for row in ids)
         input_ids = np.full((len(ids), longest), pad_id, dtype=np.int64)
         attention = np.zeros((len(ids), longest), dtype=np.int64)
-        special_mask = np.zeros((len(ids), longest), dtype=np.int64)
-        for i, (row, row_special) in enumerate(zip(ids, special)):
+        pool_mask = np.zeros((len(ids), longest), dtype=np.int64)
+        for i, (row, row_pooled) in enumerate(zip(ids, pooled)):
             input_ids[i, :len(row)] = row
             attention[i, :len(row)] = 1
-            special_mask[i, :len(row)] = row_special
-        return cls(input_ids, attention, special_mask)
+            pool_mask[i, :len(row)] = row_pooled
+        return cls(input_ids, attention, pool_mask)
 
     def __len__(self):
         return len(self.input_ids)
@@ -79,5 +80,5 @@ def cut_by_length(lengths, max_tokens, max_rows):
 
 def plan_passes(encoding, max_tokens, max_rows, pad_id=0):
     """(row indices, Pass) for each pass that an Encoding's rows take, shortest rows first."""
-    return [(group, Pass.pad([encoding.ids[i] for i in group], [encoding.special[i] for i in group], pad_id))
+    return [(group, Pass.pad([encoding.ids[i] for i in group], [encoding.pooled[i] for i in group], pad_id))
             for group in cut_by_length([len(ids) for ids in encoding.ids], max_tokens, max_rows)]

@@ -5,7 +5,9 @@ This module is the one authority on strategy names and output width: the setting
 the gateway read them here. It imports torch only when pooling runs, so they do not load it.
 
 `mask` is a float [n, seq] tensor: 1 for tokens that count, 0 for padding (and for [CLS]/[SEP]
-with mask_cls_sep). `lengths` is the number of real tokens per row, special tokens included.
+with mask_cls_sep, and for a prompt's tokens when the model leaves them out). `lengths` is the
+number of real tokens per row, special tokens included. As in sentence-transformers 6, `cls` takes
+the first token that counts (the [CLS] token unless a prompt is left out) and `last` the last real one.
 """
 from dataclasses import dataclass
 
@@ -13,6 +15,19 @@ from dataclasses import dataclass
 def mean(hidden, mask, lengths):
     summed = (hidden * mask.unsqueeze(-1)).sum(dim=1)
     return summed / mask.sum(dim=1, keepdim=True).clamp(min=1e-9)
+
+
+def mean_sqrt_len(hidden, mask, lengths):
+    summed = (hidden * mask.unsqueeze(-1)).sum(dim=1)
+    return summed / mask.sum(dim=1, keepdim=True).clamp(min=1e-9).sqrt()
+
+
+def weighted_mean(hidden, mask, lengths):
+    import torch
+    positions = torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=mask.dtype)
+    weights = mask * positions  # later tokens weigh more (SGPT's position-weighted mean)
+    summed = (hidden * weights.unsqueeze(-1)).sum(dim=1)
+    return summed / weights.sum(dim=1, keepdim=True).clamp(min=1e-9)
 
 
 def max_(hidden, mask, lengths):
@@ -26,7 +41,8 @@ def mean_max(hidden, mask, lengths):
 
 
 def cls(hidden, mask, lengths):
-    return hidden[:, 0]
+    import torch
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), mask.argmax(dim=1)]
 
 
 def last(hidden, mask, lengths):
@@ -38,9 +54,10 @@ def none(hidden, mask, lengths):
     return hidden * mask.unsqueeze(-1)
 
 
-_POOLERS = {"mean": mean, "max": max_, "mean_max": mean_max, "cls": cls, "last": last, "none": none}
+_POOLERS = {"mean": mean, "max": max_, "mean_max": mean_max, "cls": cls, "last": last, "none": none,
+            "mean_sqrt_len": mean_sqrt_len, "weighted_mean": weighted_mean}
 STRATEGIES = tuple(_POOLERS)
-MASKABLE = ("mean", "max", "mean_max", "none")  # the strategies that --mask-cls-sep changes
+MASKABLE = ("mean", "max", "mean_max", "none", "mean_sqrt_len", "weighted_mean")  # what --mask-cls-sep changes
 TOKEN_LEVEL = "none"                             # gives [n, seq, dim]: one vector per token
 _WIDTH_FACTOR = {"mean_max": 2}                  # concatenates two vectors per layer
 
@@ -66,20 +83,15 @@ class PoolingSpec:
         return f"{self.strategy} over layer(s) {layers}" + (f" + {' + '.join(extras)}" if extras else "")
 
 
-def pool(hidden_states, layers, strategy, attention_mask, special_tokens_mask=None, normalize=False):
-    """Pool each chosen layer, concatenate along the feature axis, optionally L2-normalise.
+def pool(hidden_states, layers, strategy, attention_mask, pool_mask):
+    """Pool each chosen layer and concatenate along the feature axis. `pool_mask` is 1 for the
+    tokens that count (see the module's docstring).
 
     Pooling runs in float32 even for a half-precision model: fp16 cannot hold the epsilons that
     keep an all-masked row at zero instead of NaN.
     """
     import torch
 
-    mask = attention_mask.to(torch.float32)
-    if special_tokens_mask is not None:
-        mask = mask * (1 - special_tokens_mask.to(mask.dtype))
+    mask = pool_mask.to(torch.float32)
     lengths = attention_mask.sum(dim=1)
-    pooled = torch.cat([_POOLERS[strategy](hidden_states[layer].float(), mask, lengths) for layer in layers],
-                       dim=-1)
-    if normalize:
-        pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
-    return pooled
+    return torch.cat([_POOLERS[strategy](hidden_states[layer].float(), mask, lengths) for layer in layers], dim=-1)

@@ -1,4 +1,5 @@
-"""Tokenization with the model's fast tokenizer, truncating (never rejecting) long texts.
+"""Tokenization with the model's fast tokenizer: prompts prepended, long texts truncated (and
+counted), and which tokens count in pooling.
 
 The tokenizer's own truncation and padding settings (the bundled tokenizer.json pads everything to
 128) are overridden on every call: we truncate at the server's limit and pad later, per pass.
@@ -9,17 +10,46 @@ from .passes import Encoding
 
 
 class Tokenizer:
-    def __init__(self, model_dir, truncate_at):
+    def __init__(self, model_dir, truncate_at, mask_special=False, include_prompt=True):
         self._tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.truncate_at = truncate_at
+        self.mask_special = mask_special      # leave [CLS] and [SEP] out of pooling
+        self.include_prompt = include_prompt  # whether a prompt's tokens count in pooling
         self.pad_id = self._tokenizer.pad_token_id or 0
+        self.vocab_size = len(self._tokenizer)
+        self._prompt_lengths = {}
 
-    def tokenize(self, texts, is_tokenized=False, with_tokens=False):
-        """Texts (or, with is_tokenized, lists of words) as an Encoding."""
-        encoded = self._tokenizer(texts, is_split_into_words=is_tokenized, truncation=True,
-                                  max_length=self.truncate_at, padding=False,
-                                  return_special_tokens_mask=True, return_token_type_ids=False,
-                                  return_attention_mask=False)
-        ids = encoded["input_ids"]
+    def tokenize(self, texts, is_tokenized=False, with_tokens=False, prompt=""):
+        """Texts (or, with is_tokenized, lists of words) as an Encoding, each prefixed by `prompt`."""
+        if prompt:
+            texts = [prompt + text for text in texts]
+        encoded = self._encode(texts, is_tokenized, truncate=True)
+        ids, special = encoded["input_ids"], encoded["special_tokens_mask"]
+        skip = 0 if self.include_prompt or not prompt else self._prompt_length(prompt)
+        pooled = [[int(i >= skip and not (self.mask_special and s)) for i, s in enumerate(row)] for row in special]
         tokens = [self._tokenizer.convert_ids_to_tokens(row) for row in ids] if with_tokens else None
-        return Encoding(ids, encoded["special_tokens_mask"], tokens)
+        return Encoding(ids, pooled, tokens, self._truncated(texts, ids, is_tokenized))
+
+    def _encode(self, texts, is_tokenized, truncate):
+        return self._tokenizer(texts, is_split_into_words=is_tokenized, truncation=truncate,
+                               max_length=self.truncate_at if truncate else None, padding=False,
+                               return_special_tokens_mask=True, return_token_type_ids=False,
+                               return_attention_mask=False)
+
+    def _truncated(self, texts, ids, is_tokenized):
+        """{index: tokens it had before truncation} for the texts that were cut."""
+        full = [i for i, row in enumerate(ids) if len(row) >= self.truncate_at]
+        if not full:
+            return {}
+        lengths = [len(row) for row in self._encode([texts[i] for i in full], is_tokenized, False)["input_ids"]]
+        return {i: length for i, length in zip(full, lengths) if length > self.truncate_at}
+
+    def _prompt_length(self, prompt):
+        """The prompt's tokens as sentence-transformers counts them: a trailing special token excluded."""
+        if prompt not in self._prompt_lengths:
+            if len(self._prompt_lengths) >= 256:  # prompts come from clients: keep the cache bounded
+                self._prompt_lengths.clear()
+            ids = self._tokenizer([prompt], truncation=True, max_length=self.truncate_at)["input_ids"][0]
+            trailing_special = bool(ids) and ids[-1] in self._tokenizer.all_special_ids
+            self._prompt_lengths[prompt] = len(ids) - trailing_special
+        return self._prompt_lengths[prompt]

@@ -70,6 +70,7 @@ def _counters(status):
         tokens.add_metric([kind], value)
     yield tokens
     yield CounterMetricFamily("encoder_forward_passes", "Forward passes run", value=status["metrics"]["passes"])
+    yield CounterMetricFamily("encoder_texts_truncated", "Texts cut at max_seq_len", value=status["metrics"]["truncated"])
 
 
 def _gauges(status):
