@@ -1,6 +1,8 @@
-"""POST /encode, as bert-as-service's HTTP server: {"id", "texts", "is_tokenized"} -> {"id", "result", "status"}."""
+"""POST /encode, as bert-as-service's HTTP server: {"id", "texts", "is_tokenized"} -> {"id", "result", "status"},
+plus our options (prompt, prompt_name, normalize, truncate) and how many texts were truncated."""
 from fastapi import APIRouter, Depends, Request
 
+from encoder_client.request import MODEL_OPTIONS, check_model_options
 from encoder_client.validation import check_texts
 
 from .array_json import ArrayJSONResponse
@@ -21,10 +23,19 @@ def bert_router(link, check_key):
             check_texts(texts, is_tokenized)
         except (TypeError, ValueError) as error:
             raise GatewayError(400, str(error)) from None
-        result = await link.encode(texts, is_tokenized)
-        return ArrayJSONResponse({"id": body.get("id"), "result": result.embeddings, "status": 200})
+        result = await link.encode(texts, is_tokenized, **_model_options(body))
+        return ArrayJSONResponse({"id": body.get("id"), "result": result.embeddings, "status": 200,
+                                  "truncated": result.truncated})
 
     return router
+
+
+def _model_options(body):
+    """prompt, prompt_name, normalize and truncate, as given; a 400 naming one of the wrong type."""
+    try:
+        return check_model_options({name: body.get(name) for name in MODEL_OPTIONS})
+    except TypeError as error:
+        raise GatewayError(400, str(error)) from None
 
 
 async def _json_object(request):

@@ -97,6 +97,11 @@ class ServerLink:
         return self.config.get("model_name") or self.config.get("model")
 
     @property
+    def model_names(self):
+        """Every name the model answers to: its served name first, then its aliases."""
+        return self.config.get("model_names") or ([self.model] if self.model else [])
+
+    @property
     def embedding_dim(self):
         """Floats per embedding, as the server's pooling makes them (None until connected)."""
         return self.config.get("embedding_dim")
@@ -130,12 +135,13 @@ class ServerLink:
             reason = f"{self.status['workers_alive']} of {self.status['workers_expected']} workers alive"
         return reason
 
-    async def encode(self, texts, is_tokenized=False):
-        """The server's EncodeResult for `texts`; a GatewayError when it cannot be had."""
+    async def encode(self, texts, is_tokenized=False, **model_options):
+        """The server's EncodeResult for `texts`; a GatewayError when it cannot be had.
+        `model_options`: prompt, prompt_name, normalize, truncate (None: the server's default)."""
         reason = self.unavailable()
         if reason is not None:
             raise GatewayError(503, reason, code="server_unavailable", headers={"Retry-After": "1"})
         try:
-            return await self.client.encode_result(texts, is_tokenized=is_tokenized)
+            return await self.client.encode_result(texts, is_tokenized=is_tokenized, **model_options)
         except CLIENT_ERRORS as error:
             raise from_client_error(error) from None

@@ -12,29 +12,35 @@ def openai_router(link, check_key):
 
     @router.post("/embeddings")
     async def embeddings(body: EmbeddingRequest):
-        served = served_model(link)
-        if body.model != served:
-            raise model_not_found(body.model)
+        check_model(link, body.model)
         texts = texts_from_input(body.input)
         if link.token_level:
             raise GatewayError(400, "this server returns token-level embeddings (--pooling-strategy none); "
                                     "use POST /encode for those", param="model")
         check_dimensions(body.dimensions, link.embedding_dim)
-        result = await link.encode(texts)
+        result = await link.encode(texts, **body.model_options())
         rows = shorten(result.embeddings, body.dimensions)
-        return ArrayJSONResponse(embedding_response(rows, served, result.num_tokens, body.encoding_format))
+        return ArrayJSONResponse(embedding_response(rows, body.model, result.num_tokens, body.encoding_format,
+                                                    result.truncated))
 
     @router.get("/models")
     async def models():
-        return {"object": "list", "data": [model_card(served_model(link), link.created)]}
+        served_model(link)
+        return {"object": "list", "data": [model_card(name, link.created) for name in link.model_names]}
 
     @router.get("/models/{model_id:path}")
     async def model(model_id: str):
-        if model_id != served_model(link):
-            raise model_not_found(model_id)
+        check_model(link, model_id)
         return model_card(model_id, link.created)
 
     return router
+
+
+def check_model(link, name):
+    """A 404 unless `name` is one of the served model's names (503 before the server has said them)."""
+    served_model(link)
+    if name not in link.model_names:
+        raise model_not_found(name, link.model_names)
 
 
 def served_model(link):

@@ -18,6 +18,15 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Optional[int] = None
     user: Optional[str] = None  # accepted and ignored, as the API allows
+    # ours, as sentence-transformers names them (extra_body in the openai SDK)
+    prompt: Optional[str] = None
+    prompt_name: Optional[str] = None
+    normalize: Optional[bool] = None
+    truncate: Optional[bool] = None
+
+    def model_options(self):
+        return {"prompt": self.prompt, "prompt_name": self.prompt_name, "normalize": self.normalize,
+                "truncate": self.truncate}
 
 
 def texts_from_input(value):
@@ -58,13 +67,14 @@ def shorten(rows, dimensions):
     return (rows / np.where(norms > 0, norms, 1)).astype(np.float32)
 
 
-def embedding_response(rows, model, num_tokens, encoding_format="float"):
+def embedding_response(rows, model, num_tokens, encoding_format="float", truncated=0):
     encode = _as_base64 if encoding_format == "base64" else _as_floats
     return {
         "object": "list",
         "data": [{"object": "embedding", "index": index, "embedding": encode(row)} for index, row in enumerate(rows)],
         "model": model,
         "usage": {"prompt_tokens": num_tokens or 0, "total_tokens": num_tokens or 0},
+        "truncated": truncated,  # ours: texts cut at the server's max_seq_len
     }
 
 
@@ -72,9 +82,10 @@ def model_card(model, created):
     return {"id": model, "object": "model", "created": created, "owned_by": OWNER}
 
 
-def model_not_found(model):
-    return GatewayError(404, f"The model `{model}` does not exist; this server serves only its own model "
-                             "(see GET /v1/models)", param="model", code="model_not_found")
+def model_not_found(model, served=()):
+    names = ", ".join(served) or "see GET /v1/models"
+    return GatewayError(404, f"The model `{model}` does not exist; this server serves one model, named {names}",
+                        param="model", code="model_not_found")
 
 
 def _as_floats(row):
