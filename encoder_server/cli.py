@@ -1,5 +1,6 @@
-"""The `encoder-server` command: start, stop, status, keygen, http (a gateway to a running server)
-and worker (workers on another host that join a running server)."""
+"""The `encoder-server` command: start, stop, status, check (parity with sentence-transformers),
+keygen, http (a gateway to a running server) and worker (workers on another host that join a
+running server)."""
 import argparse
 import json
 import socket
@@ -13,7 +14,9 @@ from .settings import CHOICES, GATEWAY_TIMEOUT
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
+    args.argv = argv
     try:
         return args.run(args)
     except ConfigError as error:
@@ -30,7 +33,7 @@ def start(args):
     from .supervisor import Supervisor
 
     log = configure_logging("supervisor", args.verbose)
-    settings = resolve(**{name: value for name, value in vars(args).items() if name != "run"})
+    settings = resolve(**_start_choices(args))
     log.info("model %s (%s): %d layers, max_seq_len %s", settings.model_name[0], settings.model, settings.num_layers,
              settings.max_seq_len)
     head = "".join(f" + {layer.describe()}" for layer in settings.head)
@@ -41,6 +44,16 @@ def start(args):
     log.info("%d worker(s) on %s, %d thread(s) each", settings.num_worker, settings.device,
              settings.threads_per_worker)
     return Supervisor(settings).serve()
+
+
+def check(args):
+    from .parity_check import check as run_check
+
+    return run_check(args.argv[1:], _start_choices(args))
+
+
+def _start_choices(args):
+    return {name: value for name, value in vars(args).items() if name not in ("run", "argv")}
 
 
 def http(args):
@@ -109,17 +122,19 @@ def _port_open(host, port):
 def _parser():
     parser = argparse.ArgumentParser(prog="encoder-server", description="Sentence embeddings over ZeroMQ.")
     parser.add_argument("--version", action="version", version=__version__)
-    commands = parser.add_subparsers(required=True, metavar="{start,stop,status,keygen,http,worker}")
+    commands = parser.add_subparsers(required=True, metavar="{start,stop,status,check,keygen,http,worker}")
 
-    run = commands.add_parser("start", help="start a server in the foreground",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    run.set_defaults(run=start)
-    groups = {}
-    for setting in CHOICES:
-        name = setting.metadata["group"]
-        if name is not None and name not in groups:
-            groups[name] = run.add_argument_group(name)
-        _add_choice(groups.get(name, run), setting.name)
+    for name, handler, summary in (("start", start, "start a server in the foreground"),
+                                   ("check", check, "start a server with these choices on free ports, encode a "
+                                                    "built-in sample, and compare it with sentence-transformers")):
+        run = commands.add_parser(name, help=summary, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        run.set_defaults(run=handler)
+        groups = {}
+        for setting in CHOICES:
+            group = setting.metadata["group"]
+            if group is not None and group not in groups:
+                groups[group] = run.add_argument_group(group)
+            _add_choice(groups.get(group, run), setting.name)
 
     for name, handler, summary, timeout in (("stop", stop, "stop a running server gracefully", 30.0),
                                             ("status", status, "print a server's status; exit 0 when ready", 5.0)):

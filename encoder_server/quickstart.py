@@ -11,13 +11,13 @@ SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The 
              "A cheetah is running behind its prey."]
 
 
-def wait_until_ready(server, timeout=180):
+def wait_until_ready(server, timeout=180, **address):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
             sys.exit(f"the server exited with code {server.returncode}")
         try:
-            with EncoderClient(timeout=2) as client:
+            with EncoderClient(timeout=2, **address) as client:
                 if client.server_status["ready"]:
                     return
         except TimeoutError:

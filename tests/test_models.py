@@ -136,3 +136,19 @@ def test_a_model_folder_that_cannot_be_served_is_a_one_line_error(encoders, tmp_
     modules.append({"idx": 9, "name": "9", "path": "", "type": "sentence_transformers.models.CNN"})
     (folder / "modules.json").write_text(json.dumps(modules))
     assert "'sentence_transformers.models.CNN'" in one_line_start_up_error(["--model", str(folder)])
+
+
+def test_check_compares_the_service_with_sentence_transformers(encoders, tmp_path):
+    import subprocess
+    import sys
+
+    folder = save_sentence_transformer(encoders["roberta"], tmp_path / "st", pooling="cls", dense=(16, torch.nn.Tanh()))
+    command = [sys.executable, "-m", "encoder_server.cli", "check", "--model", str(folder)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
+    same = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert same.returncode == 0, same.stderr
+    assert "16 floats per embedding" in same.stdout and "same rows" in same.stdout
+    different = subprocess.run(command + ["--pooling-strategy", "mean_max"], capture_output=True, text=True,
+                               timeout=300, env=env)
+    assert different.returncode == 1
+    assert "sentence-transformers gives 16 floats per embedding; the server 64" in different.stdout

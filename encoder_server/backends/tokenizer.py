@@ -34,7 +34,7 @@ class Tokenizer:
         return self._tokenizer(texts, is_split_into_words=is_tokenized, truncation=truncate,
                                max_length=self.truncate_at if truncate else None, padding=False,
                                return_special_tokens_mask=True, return_token_type_ids=False,
-                               return_attention_mask=False)
+                               return_attention_mask=False, verbose=False)
 
     def _truncated(self, texts, ids, is_tokenized):
         """{index: tokens it had before truncation} for the texts that were cut."""

@@ -1,0 +1,56 @@
+"""`encoder-server check`: a built-in sample through a real server started with the given choices,
+and through sentence-transformers itself; prints the row cosines and the width, exits non-zero
+below MIN_COSINE (or when sentence-transformers is missing, since nothing was compared)."""
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+from encoder_client import EncoderClient
+
+from .quickstart import wait_until_ready
+from .settings import resolve
+
+MIN_COSINE = 0.9999
+SAMPLE = ["A man is eating food.", "The girl is carrying a baby.", "How do I reset my password?",
+          "Die Katze schläft auf dem Sofa.", "東京は日本の首都です。", "🙂 emoji, punctuation — and “quotes”",
+          "word " * 600, "x", *(f"Sentence {i} is about topic {i % 5}, in a little more detail than the others."
+                                for i in range(24))]
+
+
+def check(start_flags, choices):
+    """0 when the served rows match sentence-transformers' within MIN_COSINE, else 1."""
+    settings = resolve(**choices)
+    port, port_out = _free_port(), _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "encoder_server.cli", "start", *start_flags, "--port", str(port),
+                               "--port-out", str(port_out), "--num-worker", "1"])
+    try:
+        wait_until_ready(server, port=port, port_out=port_out)
+        with EncoderClient(port=port, port_out=port_out, timeout=300) as client:
+            served = client.encode(SAMPLE)
+    finally:
+        server.terminate()
+        server.wait(60)
+    print(f"{settings.model_name[0]}: {served.shape[1]} floats per embedding ({settings.pooling.describe()}"
+          f"{''.join(' + ' + layer.describe() for layer in settings.head)})")
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        print("sentence-transformers is not installed, so nothing was compared: pip install sentence-transformers")
+        return 1
+    reference = SentenceTransformer(settings.model, device="cpu").encode(SAMPLE)
+    if reference.shape != served.shape:
+        print(f"sentence-transformers gives {reference.shape[1]} floats per embedding; the server {served.shape[1]}")
+        return 1
+    cosine = (served * reference).sum(1) / np.linalg.norm(served, axis=1) / np.linalg.norm(reference, axis=1)
+    verdict = "same rows" if cosine.min() >= MIN_COSINE else f"DIFFERENT (below {MIN_COSINE})"
+    print(f"row cosine against sentence-transformers over {len(SAMPLE)} texts: min {cosine.min():.7f}, "
+          f"mean {cosine.mean():.7f}: {verdict}")
+    return 0 if cosine.min() >= MIN_COSINE else 1
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
