@@ -37,8 +37,8 @@ def texts_from_input(value):
     if not texts:
         raise _bad_input("input must not be an empty list")
     if all(isinstance(item, int) for item in texts) or any(isinstance(item, list) for item in texts):
-        raise _bad_input("token-id arrays are not supported by this server: send input as a string "
-                         "or a list of strings")
+        raise _bad_input("token-id arrays are not supported by this server yet: send input as a string or a "
+                         "list of strings (LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)")
     for index, text in enumerate(texts):
         where = "input" if isinstance(value, str) else f"input[{index}]"
         if not isinstance(text, str):
