@@ -100,7 +100,7 @@ def test_usage_counts_the_servers_tokens(sdk, model_id):
 
 
 def test_models_are_listed_and_unknown_models_are_not_found(sdk, model_id):
-    assert [model.id for model in sdk.models.list()] == [model_id]
+    assert [model.id for model in sdk.models.list()] == [model_id, "text-embedding-ada-002"]
     assert sdk.models.retrieve(model_id).owned_by == "encoder-server"
     with pytest.raises(openai.NotFoundError) as error:
         sdk.embeddings.create(model="text-embedding-3-small", input=TEXTS)
