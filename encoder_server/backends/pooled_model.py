@@ -31,9 +31,9 @@ class PooledEncoder(torch.nn.Module):
 class Dense(torch.nn.Module):
     """sentence-transformers' Dense module (its parameter names, so its weights load as saved)."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, weights):
         super().__init__()
-        self.linear = torch.nn.Linear(layer.in_features, layer.out_features, bias=_has_bias(layer.folder))
+        self.linear = torch.nn.Linear(layer.in_features, layer.out_features, bias="linear.bias" in weights)
         self.activation_function = _torch_module(layer.activation)
 
     def forward(self, features):
@@ -41,7 +41,7 @@ class Dense(torch.nn.Module):
 
 
 class LayerNorm(torch.nn.Module):
-    def __init__(self, layer):
+    def __init__(self, layer, weights):
         super().__init__()
         self.norm = torch.nn.LayerNorm(layer.in_features)
 
@@ -53,8 +53,9 @@ def load_head(layers):
     """The torch modules of model_folder.HeadLayer descriptions, with their saved weights."""
     modules = []
     for layer in layers:
-        module = {"Dense": Dense, "LayerNorm": LayerNorm}[layer.kind](layer)
-        module.load_state_dict(_weights(layer.folder))
+        weights = _weights(layer.folder)
+        module = {"Dense": Dense, "LayerNorm": LayerNorm}[layer.kind](layer, weights)
+        module.load_state_dict(weights)
         modules.append(module.float().eval())
     return modules
 
@@ -65,10 +66,6 @@ def _weights(folder):
         from safetensors.torch import load_file
         return load_file(str(path))
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def _has_bias(folder):
-    return "linear.bias" in _weights(folder)
 
 
 def _torch_module(dotted):
