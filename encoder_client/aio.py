@@ -4,7 +4,6 @@ Many `encode` calls may run at once on one client: each request waits on a futur
 which one reader task resolves by request id. The errors and timeouts are the sync client's.
 """
 import asyncio
-import secrets
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,11 +12,12 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from .errors import ConnectionLostError, ServerBusyError, reply_error
-from .keys import apply_curve, as_identity, curve_keys
+from .keys import as_identity, curve_keys
 from .protocol import decode_reply, encode_request
-from .request import CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, prepare_encode, retry_pause
+from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
+                      retry_pause)
+from .sockets import AUTH_FAILED, break_monitors, client_socket
 
-AUTH_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 LISTEN_QUEUE = 1000  # results a slow `listen()` loop may fall behind by before the oldest are dropped
 
 
@@ -47,8 +47,7 @@ class AsyncEncoderClient:
         self._sender = self._socket(zmq.PUSH, f"tcp://{host}:{port}")
         self._receiver = self._socket(zmq.SUB, f"tcp://{host}:{port_out}")
         self._receiver.setsockopt(zmq.SUBSCRIBE, self.identity)
-        self._monitor = self._receiver.get_monitor_socket(zmq.EVENT_DISCONNECTED | AUTH_FAILED)
-        self._next_req_id = secrets.randbelow(2 ** 40) + 1
+        self._monitors = break_monitors(self._sender, self._receiver)
         self._waiting = {}      # req_id -> future of its Reply
         self._listeners = set()
         self._tasks = []
@@ -60,7 +59,7 @@ class AsyncEncoderClient:
         lost); raises TimeoutError when no server answers in time."""
         if not self._tasks:
             self._tasks = [asyncio.ensure_future(self._read_replies()),
-                           asyncio.ensure_future(self._watch_connection())]
+                           *(asyncio.ensure_future(self._watch_connection(monitor)) for monitor in self._monitors)]
         timeout = CONNECT_TIMEOUT if self.timeout is None else self.timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -123,8 +122,9 @@ class AsyncEncoderClient:
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(ConnectionLostError("the client was closed"))
-        self._receiver.disable_monitor()
-        for sock in (self._monitor, self._sender, self._receiver):
+        for sock in (self._sender, self._receiver):
+            sock.disable_monitor()
+        for sock in (*self._monitors, self._sender, self._receiver):
             sock.close(linger=0)
 
     async def __aenter__(self):
@@ -140,11 +140,7 @@ class AsyncEncoderClient:
     # ----- internals -----
 
     def _socket(self, kind, address):
-        sock = self._context.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        apply_curve(sock, self._curve)
-        sock.connect(address)
-        return sock
+        return client_socket(self._context, kind, address, self._curve)
 
     async def _command(self, command, timeout=None):
         return (await self._request(command, 0, None, timeout)).data
@@ -156,8 +152,7 @@ class AsyncEncoderClient:
         if not self._tasks:
             await self.connect()
         timeout = self.timeout if timeout is None else timeout
-        req_id = self._next_req_id
-        self._next_req_id += 1
+        req_id = new_req_id()
         future = self._waiting[req_id] = asyncio.get_running_loop().create_future()
         try:
             frames = encode_request(self.identity, req_id, payload, msg_len, options)
@@ -186,10 +181,10 @@ class AsyncEncoderClient:
                         queue.get_nowait()
                     queue.put_nowait((reply.req_id, reply.array))
 
-    async def _watch_connection(self):
+    async def _watch_connection(self, monitor):
         """A broken connection fails every request in flight at once; a refused key, every one."""
         while True:
-            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+            event = parse_monitor_message(await monitor.recv_multipart())["event"]
             if event & AUTH_FAILED:
                 error = PermissionError(f"the encoder-server at {self.address} refused this client's "
                                         "CURVE key (or the server key is wrong)")

@@ -3,7 +3,6 @@
 One EncoderClient belongs to one thread; use ConcurrentEncoderClient to share across threads.
 """
 import itertools
-import secrets
 import time
 from collections import deque
 
@@ -12,13 +11,14 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from .errors import ConnectionLostError, ServerBusyError, reply_error
-from .keys import apply_curve, as_identity, curve_keys
+from .keys import as_identity, curve_keys
 from .progress import PROGRESS_CHUNK, chunks, progress_bar
 from .protocol import decode_reply, encode_request
-from .request import CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, prepare_encode, retry_pause
+from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
+                      retry_pause)
+from .sockets import AUTH_FAILED, break_monitors, client_socket
 from .validation import check_texts
 
-AUTH_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 
 
 class EncoderClient:
@@ -45,8 +45,7 @@ class EncoderClient:
         self._sender = self._socket(zmq.PUSH, f"tcp://{host}:{port}")
         self._receiver = self._socket(zmq.SUB, f"tcp://{host}:{port_out}")
         self._receiver.setsockopt(zmq.SUBSCRIBE, self.identity)
-        self._monitor = self._receiver.get_monitor_socket(zmq.EVENT_DISCONNECTED | AUTH_FAILED)
-        self._next_req_id = secrets.randbelow(2 ** 40) + 1
+        self._monitors = break_monitors(self._sender, self._receiver)
         self._pending = {}
         self._arrived = {}
         self._lost = set()  # requests in flight when the connection broke
@@ -98,9 +97,10 @@ class EncoderClient:
 
     def fetch_all(self, sort=True, concat=False):
         """All pending results, in sending order when `sort`; one array when `concat`."""
+        sent_order = {req_id: position for position, req_id in enumerate(self._pending)}
         results = list(self.fetch())
         if sort:
-            results.sort(key=lambda pair: pair[0])
+            results.sort(key=lambda pair: sent_order[pair[0]])
         values = [value for _, value in results]
         if concat and values:
             return _concatenate(values, self.output_fmt)
@@ -167,8 +167,9 @@ class EncoderClient:
     def close(self):
         if not self._closed:
             self._closed = True
-            self._receiver.disable_monitor()
-            for sock in (self._monitor, self._sender, self._receiver):
+            for sock in (self._sender, self._receiver):
+                sock.disable_monitor()
+            for sock in (*self._monitors, self._sender, self._receiver):
                 sock.close(linger=0)
 
     def __enter__(self):
@@ -180,13 +181,8 @@ class EncoderClient:
     # ----- internals -----
 
     def _socket(self, kind, address):
-        sock = self._context.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        if self.timeout is not None:
-            sock.setsockopt(zmq.SNDTIMEO, max(1, int(self.timeout * 1000)))
-        apply_curve(sock, self._curve)
-        sock.connect(address)
-        return sock
+        send_timeout = {} if self.timeout is None else {zmq.SNDTIMEO: max(1, int(self.timeout * 1000))}
+        return client_socket(self._context, kind, address, self._curve, send_timeout)
 
     def _handshake(self, timeout):
         """Wait until the server answers on our subscription, so no early reply is lost."""
@@ -211,8 +207,7 @@ class EncoderClient:
                                           **(options or {})))
 
     def _send(self, payload, msg_len, options=None):
-        req_id = self._next_req_id
-        self._next_req_id += 1
+        req_id = new_req_id()
         self._check_connection()  # a break before this request is not its concern
         try:
             self._sender.send_multipart(encode_request(self.identity, req_id, payload, msg_len, options))
@@ -224,12 +219,12 @@ class EncoderClient:
 
     def _check_connection(self):
         """Read connection events: a break marks the requests in flight as lost."""
-        while self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)["event"]
-            if event & AUTH_FAILED:
-                raise PermissionError(f"the encoder-server at {self.address} refused this client's "
-                                      "CURVE key (or the server key is wrong)")
-            self._lost.update(self._pending)
+        for monitor in self._monitors:
+            while monitor.poll(0):
+                if recv_monitor_message(monitor)["event"] & AUTH_FAILED:
+                    raise PermissionError(f"the encoder-server at {self.address} refused this client's "
+                                          "CURVE key (or the server key is wrong)")
+                self._lost.update(self._pending)
 
     def _wait(self, req_id, deadline=None):
         """(reply, show_tokens) for `req_id`, or for any pending request when None.
@@ -269,7 +264,8 @@ class EncoderClient:
     def _receive(self, deadline, listening=False):
         poller = zmq.Poller()
         poller.register(self._receiver, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
+        for monitor in self._monitors:
+            poller.register(monitor, zmq.POLLIN)
         while True:
             wait_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
             events = dict(poller.poll(wait_ms))

@@ -1,4 +1,4 @@
-from .protocol import BUSY
+from .protocol import BUSY, RESTARTED
 
 
 class ServerError(RuntimeError):
@@ -25,5 +25,7 @@ class RequestTooLargeError(ValueError):
 
 
 def reply_error(reply):
-    """The exception for an error reply (busy or refused)."""
+    """The exception for an error reply (busy, refused, or lost to a restart inside the server)."""
+    if reply.code == RESTARTED:
+        return ConnectionLostError(reply.error)
     return (ServerBusyError if reply.code == BUSY else ServerError)(reply.error, reply.req_id, reply.code)

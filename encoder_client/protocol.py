@@ -21,6 +21,7 @@ PROTOCOL_VERSION = 1
 COMMANDS = (b"SHOW_CONFIG", b"SHOW_STATUS", b"TERMINATION")
 MAX_IDENTITY_BYTES = 256
 UNKNOWN_REQ_ID = -1
+MAX_FRAME_INT = 2 ** 64 - 1  # req_id and msg_len
 
 # what an error reply's "code" says, and what a client may do about it
 BUSY = "busy"                # the server is full: retry later (HTTP's 429)
@@ -28,7 +29,8 @@ TOO_LARGE = "too_large"      # more texts than the server ever holds at once: sp
 BAD_REQUEST = "bad_request"  # malformed frames or invalid texts: resending the same fails again (400)
 DRAINING = "draining"        # the server is shutting down: retry against its successor (503)
 FORBIDDEN = "forbidden"      # a command this peer may not send (403)
-ERROR_CODES = (BUSY, TOO_LARGE, BAD_REQUEST, DRAINING, FORBIDDEN)
+RESTARTED = "restarted"      # a process of the server died and was restarted mid-request: resend it (503)
+ERROR_CODES = (BUSY, TOO_LARGE, BAD_REQUEST, DRAINING, FORBIDDEN, RESTARTED)
 
 
 class ProtocolError(ValueError):
@@ -93,6 +95,8 @@ def decode_texts(request):
         return json.loads(request.payload)
     except (UnicodeDecodeError, ValueError):
         raise ProtocolError("payload is not valid JSON", request.identity, request.req_id) from None
+    except RecursionError:  # the parser's own depth limit: nesting deeper than any request has
+        raise ProtocolError("payload is nested too deeply", request.identity, request.req_id) from None
 
 
 def encode_result(identity, req_id, array, tokens=None, num_tokens=None, truncated=0):
@@ -125,15 +129,18 @@ def decode_reply(frames):
 
 def _parse_int(frame, name, identity, req_id=UNKNOWN_REQ_ID):
     try:
-        return int(frame)
+        value = int(frame)
     except ValueError:
-        raise ProtocolError(f"{name} frame is not an integer", identity, req_id) from None
+        value = -1
+    if not 0 <= value <= MAX_FRAME_INT:
+        raise ProtocolError(f"{name} frame is not an integer from 0 to 2**64-1", identity, req_id)
+    return value
 
 
 def _parse_options(frame, identity, req_id):
     try:
         options = json.loads(frame)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         options = None
     if not isinstance(options, dict):
         raise ProtocolError("options frame is not a JSON object", identity, req_id)

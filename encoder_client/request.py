@@ -1,8 +1,9 @@
 """What both clients send, and how they pace retries and the connection handshake. Pure: no sockets."""
 import json
+import secrets
 
 from .errors import RequestTooLargeError
-from .validation import check_texts
+from .validation import check_texts, check_unicode
 
 CONNECT_TIMEOUT = 10.0     # the handshake's limit when the client's timeout is None
 HANDSHAKE_INTERVAL = 0.25  # a SHOW_CONFIG is re-sent this often until the server answers
@@ -21,6 +22,8 @@ def check_model_options(options):
             raise TypeError(f"unknown encode option {name!r}; the options are {', '.join(MODEL_OPTIONS)}")
         if not isinstance(value, MODEL_OPTIONS[name]):
             raise TypeError(f"{name} must be a {MODEL_OPTIONS[name].__name__}, got {type(value).__name__}")
+        if isinstance(value, str):
+            check_unicode(value, name)
     return chosen
 
 
@@ -39,6 +42,12 @@ def prepare_encode(texts, is_tokenized=False, show_tokens=False, timeout=None, m
     if timeout is not None:
         options["timeout_ms"] = timeout * 1000
     return payload, len(texts), options
+
+
+def new_req_id():
+    """A fresh request number: random, so that no other peer can guess it and pass off a reply as
+    this request's (a reply is matched to its request by identity and number)."""
+    return secrets.randbits(64)
 
 
 def max_request_bytes(config):

@@ -22,6 +22,18 @@ def _check_text(index, text):
         raise TypeError(f"texts[{index}] must be a str, got {type(text).__name__}")
     if not text.strip():
         raise ValueError(f"texts[{index}] is empty or whitespace-only")
+    check_unicode(text, f"texts[{index}]")
+
+
+def check_unicode(text, where):
+    """ValueError if `text` holds a lone surrogate (valid JSON, but no Unicode character: no
+    tokenizer can take it)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(f"{where} holds a lone surrogate (U+{ord(text[error.start]):04X}) at character "
+                             f"{error.start}, which is not valid Unicode") from None
 
 
 def _check_words(index, words):
@@ -35,3 +47,4 @@ def _check_words(index, words):
             raise TypeError(f"texts[{index}][{position}] must be a str, got {type(word).__name__}")
         if not word.strip():
             raise ValueError(f"texts[{index}][{position}] is an empty or whitespace-only word")
+        check_unicode(word, f"texts[{index}][{position}]")

@@ -9,6 +9,8 @@ from encoder_client.protocol import TOO_LARGE, ProtocolError, decode_texts
 from encoder_client.request import check_model_options
 from encoder_client.validation import check_texts, looks_tokenized
 
+MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # a week: past it, a client means "no limit" (send none)
+
 
 @dataclass(frozen=True)
 class EncodeRequest:
@@ -26,7 +28,7 @@ def parse_encode(request, show_tokens_allowed, max_texts=None):
     if max_texts is not None and isinstance(texts, list) and len(texts) > max_texts:
         raise ProtocolError(f"{len(texts)} texts in one request is above the server's limit of {max_texts} "
                             "(--max-pending-texts); split the request", request.identity, request.req_id, TOO_LARGE)
-    is_tokenized = request.options.get("is_tokenized", looks_tokenized(texts))
+    is_tokenized = _flag(request, "is_tokenized", looks_tokenized(texts))
     try:
         check_texts(texts, is_tokenized)
     except (TypeError, ValueError) as error:
@@ -34,7 +36,7 @@ def parse_encode(request, show_tokens_allowed, max_texts=None):
     if request.msg_len != len(texts):
         raise ProtocolError(f"msg_len is {request.msg_len} but the payload holds {len(texts)} texts",
                             request.identity, request.req_id)
-    return EncodeRequest(request.identity, request.req_id, texts, bool(is_tokenized),
+    return EncodeRequest(request.identity, request.req_id, texts, is_tokenized,
                          _with_tokens(request, show_tokens_allowed), _timeout(request), _model_options(request))
 
 
@@ -62,7 +64,7 @@ def _model_options(request):
     model_options = {name: request.options.get(name) for name in ("prompt", "prompt_name", "normalize", "truncate")}
     try:
         return check_model_options(model_options)
-    except TypeError as error:
+    except (TypeError, ValueError) as error:
         raise ProtocolError(str(error), request.identity, request.req_id) from None
 
 
@@ -70,19 +72,27 @@ def _timeout(request):
     value = request.options.get("timeout_ms")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ProtocolError(f"timeout_ms must be a positive number, got {value!r}", request.identity,
-                            request.req_id)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_TIMEOUT_MS:
+        raise ProtocolError(f"timeout_ms must be a number of milliseconds above 0 and at most {MAX_TIMEOUT_MS}, "
+                            f"got {str(value)[:32]}", request.identity, request.req_id)
     return value / 1000
+
+
+def _flag(request, name, default):
+    value = request.options.get(name, default)
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{name} must be true or false, got {type(value).__name__}", request.identity,
+                            request.req_id)
+    return value
 
 
 def _with_tokens(request, allowed):
     if "show_tokens" not in request.options:
         return allowed  # bert-as-service's client: tokens come whenever the server allows them
-    if request.options["show_tokens"] and not allowed:
+    if _flag(request, "show_tokens", False) and not allowed:
         raise ProtocolError("show_tokens is disabled on this server (start it with --show-tokens-to-client)",
                             request.identity, request.req_id)
-    return bool(request.options["show_tokens"])
+    return request.options["show_tokens"]
 
 
 def is_loopback(peer_address):

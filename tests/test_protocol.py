@@ -168,6 +168,34 @@ def test_data_round_trip():
     assert reply.array is None and reply.error is None
 
 
+@pytest.mark.parametrize("frame", [b"-1", b"18446744073709551616", b"1" * 5000])
+def test_req_id_outside_64_bits_is_refused(frame):
+    with pytest.raises(ProtocolError, match="req_id frame is not an integer from 0 to 2\\*\\*64-1"):
+        decode_request([b"id", b'["a"]', frame, b"1"])
+
+
+@pytest.mark.parametrize("frames, message", [
+    ([b"id", b"[" * 100000 + b"]" * 100000, b"1", b"1"], "payload is nested too deeply"),
+    ([b"id", b'["a"]', b"1", b"1", b'{"a":' * 50000 + b"1" + b"}" * 50000], "options frame is not a JSON object"),
+])
+def test_deep_nesting_is_a_protocol_error(frames, message):
+    """Each of these once raised RecursionError in the ventilator's loop and stopped the server."""
+    with pytest.raises(ProtocolError, match=message):
+        parse_encode(decode_request(frames), show_tokens_allowed=False)
+
+
+@pytest.mark.parametrize("name", ["is_tokenized", "show_tokens"])
+def test_flags_must_be_booleans(name):
+    with pytest.raises(ProtocolError, match=f"{name} must be true or false, got str"):
+        parse_encode(request_for(["a"], options={name: "yes"}), show_tokens_allowed=True)
+
+
+def test_client_request_ids_are_random_64_bit_numbers():
+    from encoder_client.request import new_req_id
+    ids = {new_req_id() for _ in range(1000)}
+    assert len(ids) == 1000 and all(0 <= i < 2 ** 64 for i in ids) and max(ids) > 2 ** 60
+
+
 def test_negative_req_id_round_trip():
     reply = decode_reply(wire(encode_error(b"id", -1, "x")))
     assert reply.req_id == -1
@@ -201,8 +229,29 @@ def test_check_texts_empty_or_whitespace(texts, index):
         check_texts(texts)
 
 
+@pytest.mark.parametrize("texts, is_tokenized, where", [
+    (["\ud800"], False, r"texts\[0\] holds a lone surrogate \(U\+D800\) at character 0"),
+    (["fine", "ok \udfff tail"], False, r"texts\[1\] holds a lone surrogate \(U\+DFFF\) at character 3"),
+    ([["a"], ["b", "x\udbff"]], True, r"texts\[1\]\[1\] holds a lone surrogate"),
+])
+def test_check_texts_refuses_lone_surrogates(texts, is_tokenized, where):
+    """Valid JSON ("\\ud800") but no Unicode character: no tokenizer takes it, and it once
+    crashed every worker that received it."""
+    with pytest.raises(ValueError, match=where):
+        check_texts(texts, is_tokenized)
+    with pytest.raises(ProtocolError, match=where):
+        parse_encode(request_for(texts), show_tokens_allowed=False)
+
+
+def test_a_prompt_with_a_lone_surrogate_is_refused():
+    with pytest.raises(ValueError, match="prompt holds a lone surrogate"):
+        prepare_encode(["a"], prompt="query: \ud83d")
+    with pytest.raises(ProtocolError, match="prompt holds a lone surrogate"):
+        parse_encode(request_for(["a"], options={"prompt": "\ud83d"}), show_tokens_allowed=False)
+
+
 def test_check_texts_accepts_good_input():
-    check_texts(["hello", " padded ", "ünïcödé"])
+    check_texts(["hello", " padded ", "ünïcödé", "emoji \U0001F600 (a surrogate pair in JSON)"])
     check_texts([["hello", "world"], ["x"]], is_tokenized=True)
 
 
@@ -349,8 +398,8 @@ def test_a_request_above_the_size_limit_is_refused_before_sending():
 def test_parse_encode_reads_the_timeout_and_limits_the_size():
     parsed = parse_encode(request_for(["a"], options={"timeout_ms": 1500}), show_tokens_allowed=False)
     assert parsed.timeout_s == 1.5
-    for bad in (0, -3, "soon", True, [1]):
-        with pytest.raises(ProtocolError, match="timeout_ms must be a positive number"):
+    for bad in (0, -3, "soon", True, [1], float("inf"), float("nan"), 10 ** 400, 1e300):
+        with pytest.raises(ProtocolError, match="timeout_ms must be a number of milliseconds above 0"):
             parse_encode(request_for(["a"], options={"timeout_ms": bad}), show_tokens_allowed=False)
     with pytest.raises(ProtocolError, match="3 texts in one request is above the server's limit of 2"):
         parse_encode(request_for(["a", "b", "c"]), show_tokens_allowed=False, max_texts=2)

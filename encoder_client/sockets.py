@@ -1,0 +1,26 @@
+"""The sockets both clients connect to a server with, and how they notice a broken connection."""
+import zmq
+
+from .keys import apply_curve
+
+AUTH_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+# ZeroMQ's own heartbeats: a server that vanished without closing the connection (a host gone, a
+# network cut) counts as disconnected after HEARTBEAT_TIMEOUT_MS, so no wait for it is endless
+HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 2000, 8000
+
+
+def client_socket(context, kind, address, curve, options=None):
+    sock = context.socket(kind)
+    for option, value in {zmq.LINGER: 0, zmq.HEARTBEAT_IVL: HEARTBEAT_IVL_MS,
+                          zmq.HEARTBEAT_TIMEOUT: HEARTBEAT_TIMEOUT_MS, **(options or {})}.items():
+        sock.setsockopt(option, value)
+    apply_curve(sock, curve)
+    sock.connect(address)
+    return sock
+
+
+def break_monitors(sender, receiver):
+    """Monitor sockets that report a broken connection on either socket (a server process that
+    died, even one the server restarts), and on the receiver a refused CURVE key too."""
+    return [receiver.get_monitor_socket(zmq.EVENT_DISCONNECTED | AUTH_FAILED),
+            sender.get_monitor_socket(zmq.EVENT_DISCONNECTED)]
