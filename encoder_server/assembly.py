@@ -64,6 +64,13 @@ class Assembler:
         self._finish(seq)
         return pending.registration if pending else None
 
+    def reset(self):
+        """Forget every request; returns the registrations of those whose had arrived."""
+        registrations = [pending.registration for pending in self._pending.values() if pending.registration]
+        for seq in list(self._pending):
+            self._finish(seq)
+        return registrations
+
     def abandoned(self, is_listening, grace, now=None):
         """Forget the requests nobody has listened for in `grace` seconds; returns their seqs."""
         now = time.monotonic() if now is None else now

@@ -62,6 +62,10 @@ class Liveness:
     def unreachable(self, worker):
         return [self._lose(worker, "cannot be reached")] if worker in self._heard else []
 
+    def misbehaved(self, worker):
+        """It sent what no worker of ours sends: forget it (it must say READY again to get jobs)."""
+        return [self._lose(worker, "sent a malformed message", kill=True)] if worker in self._heard else []
+
     def beat_due(self, now):
         """The workers to send a heartbeat to at `now`: all of them, once per interval."""
         if now < self._next_beat:

@@ -2,11 +2,12 @@
 
     worker     -> ventilator  Ready | Heartbeat (metrics since the last one) | Dropped (budget spent)
                               | Refused (its texts break the request's rules, e.g. truncate=False)
-    ventilator -> worker      Job | Heartbeat
+    ventilator -> worker      Job | Heartbeat | Who (a worker it does not know: say READY)
     ventilator -> sink        Register | Publish (a reply for a client) | Forget (request cancelled)
+                              | Reset (a new ventilator: fail every request held)
     worker     -> sink        Part
     sink       -> ventilator  Done (one per finished job) | Gone (nobody listens for the request)
-    supervisor -> ventilator  WorkerExited     (these two go over a multiprocessing pipe)
+    supervisor -> ventilator  WorkerExited | SinkRestarted  (these go over a multiprocessing pipe)
     ventilator -> supervisor  WorkerSilent
 
 Each ZeroMQ message has one encode/decode pair: `message.frames()`, and `decode(frames)` for
@@ -18,13 +19,18 @@ and how long it has waited, never a clock reading, so a worker whose clock is of
 measures both against its own monotonic clock from the moment it receives the job.
 """
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 import numpy as np
 
+from encoder_client.protocol import ERROR_CODES, TOO_LARGE
 from encoder_client.status import check_metrics
 
+from .metrics import check_delta
+
 _KINDS = {}
+RESTART_ERROR = "a process of the server died and was restarted while this request was in flight; send it again"
 
 
 class MessageError(ValueError):
@@ -83,11 +89,24 @@ class Job:
 
     @classmethod
     def decode(cls, frames):
-        return cls(**_object(frames[0]))
+        return _typed(cls, _object(frames[0]))
 
     def spent(self, received_at, now):
         """Whether its budget ran out between `received_at` and `now` (both on one monotonic clock)."""
         return self.budget_ms is not None and (now - received_at) * 1000 >= self.budget_ms
+
+
+@_kind(b"WHO")
+@dataclass(frozen=True)
+class Who:
+    """The ventilator does not know this worker (it restarted, or gave the worker up): say READY."""
+
+    def frames(self):
+        return [self.KIND]
+
+    @classmethod
+    def decode(cls, frames):
+        return cls()
 
 
 @_kind(b"READY")
@@ -102,7 +121,7 @@ class Ready:
 
     @classmethod
     def decode(cls, frames):
-        return cls(**_object(frames[0]))
+        return _typed(cls, _object(frames[0]))
 
 
 @_kind(b"HEARTBEAT")
@@ -116,7 +135,7 @@ class Heartbeat:
     @classmethod
     def decode(cls, frames):
         metrics = _object(frames[0]) if frames else {}
-        return cls(check_metrics(metrics) if metrics else {})
+        return cls(check_delta(check_metrics(metrics)) if metrics else {})
 
 
 @dataclass(frozen=True)
@@ -129,7 +148,7 @@ class _Number:
 
     @classmethod
     def decode(cls, frames):
-        return cls(int(_bytes(frames[0])))
+        return cls(_count(_bytes(frames[0])))
 
 
 @_kind(b"DROPPED")
@@ -140,16 +159,21 @@ class Dropped(_Number):
 @_kind(b"REFUSED")
 @dataclass(frozen=True)
 class Refused:
-    """A worker would not compute job `job_id`: `error` says why, for its client."""
+    """A worker would not compute job `job_id`: `error` says why, for its client (`code`: one of
+    protocol.ERROR_CODES)."""
     job_id: int
     error: str
+    code: str = TOO_LARGE
 
     def frames(self):
         return [self.KIND, _json(asdict(self))]
 
     @classmethod
     def decode(cls, frames):
-        return cls(**_object(frames[0]))
+        refused = _typed(cls, _object(frames[0]))
+        if refused.code not in ERROR_CODES:
+            raise MessageError(f"unknown error code {refused.code[:32]!r}")
+        return refused
 
 
 @_kind(b"DONE")
@@ -175,7 +199,20 @@ class Forget:
 
     @classmethod
     def decode(cls, frames):
-        return cls(int(_bytes(frames[0])), _bytes(frames[1]).decode(), _bytes(frames[2]).decode())
+        return cls(_count(_bytes(frames[0])), _bytes(frames[1]).decode(), _bytes(frames[2]).decode())
+
+
+@_kind(b"RESET")
+@dataclass(frozen=True)
+class Reset:
+    """The ventilator (re)started: the requests the sink holds from before will never complete."""
+
+    def frames(self):
+        return [self.KIND]
+
+    @classmethod
+    def decode(cls, frames):
+        return cls()
 
 
 @dataclass(frozen=True)
@@ -201,8 +238,8 @@ class Register:
     @classmethod
     def decode(cls, frames):
         header = _object(frames[1])
-        seq = header.pop("seq")
-        return cls(seq, Registration(identity=_bytes(frames[0]), **header))
+        seq = _typed(_Seq, {"seq": header.pop("seq", None)}).seq
+        return cls(seq, _typed(Registration, {"identity": _bytes(frames[0]), **header}))
 
 
 @_kind(b"PUBLISH")
@@ -245,9 +282,16 @@ class Part:
     @classmethod
     def decode(cls, frames):
         header = _object(frames[0])
+        shape = header.pop("shape", None)
+        if not (isinstance(shape, list) and len(shape) in (2, 3) and all(_is_count(n) for n in shape)):
+            raise MessageError(f"a PART's shape must be 2 or 3 counts, got {str(shape)[:64]}")
         body = frames[1].buffer if hasattr(frames[1], "buffer") else frames[1]
-        array = np.frombuffer(body, dtype=np.float32).reshape(header.pop("shape"))
-        return cls(array=array, **header)
+        array = np.frombuffer(body, dtype=np.float32).reshape(shape)
+        part = _typed(cls, {"array": array, **header})
+        if part.tokens is not None and not (len(part.tokens) == len(array) and
+                                            all(isinstance(row, list) for row in part.tokens)):
+            raise MessageError("a PART's tokens must be one list per row")
+        return part
 
 
 @dataclass(frozen=True)
@@ -258,9 +302,58 @@ class WorkerExited:
 
 
 @dataclass(frozen=True)
+class SinkRestarted:
+    """The sink died and the supervisor started it again: the requests in flight are lost."""
+
+
+@dataclass(frozen=True)
 class WorkerSilent:
     """The ventilator gave up on a local worker that stopped sending heartbeats: kill it."""
     pid: int
+
+
+@dataclass(frozen=True)
+class _Seq:
+    seq: int
+
+
+def _typed(message_type, values):
+    """message_type(**values), once every field is present (or has a default) and has its type;
+    numbers must be finite, and ints (ids, counts) not negative."""
+    known = {f.name: f for f in fields(message_type)}
+    unknown = set(values) - set(known)
+    if unknown:
+        raise MessageError(f"unknown field {sorted(unknown)[0]!r} in {message_type.__name__}")
+    for name, spec in known.items():
+        if name not in values:
+            if spec.default is MISSING and spec.default_factory is MISSING:
+                raise MessageError(f"{message_type.__name__} has no field {name!r}")
+        elif not _has_type(values[name], spec.type, spec.default):
+            raise MessageError(f"{message_type.__name__}.{name} is not a valid {getattr(spec.type, '__name__', spec.type)}")
+    return message_type(**values)
+
+
+def _has_type(value, kind, default):
+    if value is None:
+        return default is None
+    if kind is int:
+        return _is_count(value)
+    if kind is float:
+        return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if kind is np.ndarray:
+        return isinstance(value, np.ndarray)
+    return isinstance(value, kind)
+
+
+def _is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _count(frame):
+    value = int(frame)
+    if value < 0:
+        raise MessageError(f"expected a count, got {value}")
+    return value
 
 
 def _json(value):

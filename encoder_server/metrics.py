@@ -17,6 +17,26 @@ BUCKETS = {
 }
 
 
+def check_delta(snapshot):
+    """`snapshot` itself (a worker's Metrics.take(), already shaped as status.Metrics), once every
+    histogram is one of ours with counts that fit its buckets and every number is finite and not
+    negative; ValueError otherwise."""
+    for name, histogram in snapshot["histograms"].items():
+        buckets = BUCKETS.get(name)
+        counts = histogram.get("counts") if isinstance(histogram, dict) else None
+        if buckets is None or not isinstance(counts, list) or len(counts) != len(buckets) + 1:
+            raise ValueError(f"histogram {name[:32]!r} is not one of ours or does not fit its buckets")
+        _check_amounts([*counts, histogram.get("sum"), histogram.get("count")], f"histogram {name}")
+    _check_amounts([*snapshot["tokens"].values(), snapshot["passes"], snapshot["truncated"]], "metrics")
+    return snapshot
+
+
+def _check_amounts(values, where):
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            raise ValueError(f"{where} holds {str(value)[:32]}, not a finite amount")
+
+
 class Histogram:
     def __init__(self, buckets):
         self.buckets = tuple(buckets)

@@ -99,6 +99,7 @@ class Admitted:
     jobs_left: int
     admitted: float
     deadline: float = None  # when its client stops waiting
+    req_id: int = None      # the client's own number for it
 
 
 class Dispatcher:
@@ -111,6 +112,7 @@ class Dispatcher:
         self._workers = {}
         self._assigned = {}         # job_id -> (worker, job)
         self._requests = {}         # seq -> Admitted, for requests in flight
+        self._by_client_id = {}     # (client, req_id) -> seq, for requests in flight
         self._deadlines = []        # heap of (deadline, seq)
         self._deaths = Counter()    # job_id -> workers that died holding it
         self._job_ids = itertools.count(first_job_id)
@@ -119,15 +121,19 @@ class Dispatcher:
 
     # ----- requests -----
 
-    def submit(self, seq, client, texts, now, timeout=None, **flags):
+    def submit(self, seq, client, texts, now, timeout=None, req_id=None, **flags):
         """Queue a request admitted at `now`, whose client waits `timeout` seconds (None: for ever).
         A small one is spread over the idle workers, so that on a quiet server it runs on every
         core rather than one."""
+        if req_id is not None and self.is_in_flight(client, req_id):
+            raise ValueError(f"request {req_id} of {client!r} is already in flight")
         idle = sum(1 for load in self._workers.values() if load.texts == 0)
         jobs = split_request(seq, texts, self.priority_batch_size, self.max_batch_size,
                              self._job_ids, priority_pieces=idle, **flags)
         deadline = None if timeout is None else now + timeout
-        self._requests[seq] = Admitted(seq, client, len(texts), len(jobs), now, deadline)
+        self._requests[seq] = Admitted(seq, client, len(texts), len(jobs), now, deadline, req_id)
+        if req_id is not None:
+            self._by_client_id[client, req_id] = seq
         self.pending_texts += len(texts)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, seq))
@@ -186,14 +192,32 @@ class Dispatcher:
             heapq.heapify(self._deadlines)
         return seqs
 
+    def is_in_flight(self, client, req_id):
+        """Whether `client` has a request numbered `req_id` in flight."""
+        return (client, req_id) in self._by_client_id
+
+    def requests_in_flight(self):
+        return list(self._requests.values())
+
     def _forget(self, seq):
-        self.pending_texts -= self._requests.pop(seq).texts
+        request = self._requests.pop(seq)
+        self._by_client_id.pop((request.client, request.req_id), None)
+        self.pending_texts -= request.texts
 
     def _enqueue(self, job, front=False):
         if job.priority:
             (self._priority.appendleft if front else self._priority.append)(job)
         else:
             self._bulk.push(self._requests[job.seq].client, job, front)
+
+    def release_assigned(self):
+        """Count every job sent to a worker as finished. For when the sink died: the parts it held
+        will never be confirmed, and a worker must not stay full of jobs nobody waits for."""
+        for worker, job in self._assigned.values():
+            if worker in self._workers:
+                self._load(worker, job, -1)
+        self._assigned.clear()
+        self._deaths.clear()
 
     # ----- workers -----
 

@@ -1,9 +1,10 @@
 """The sink: reassembles each request from its parts and publishes it under the client's identity.
 
-Sockets: `collect` (PULL: parts from workers, local or remote, registrations and replies from the
-ventilator),
-`publish` (XPUB, clients: it also tells us who subscribes), `feedback` (PUSH to the ventilator:
-one DONE per finished job, GONE for a request nobody has listened for in ABANDON_AFTER seconds).
+Sockets: `collect` (PULL: parts from workers, local or remote), `control` (PULL, ipc only:
+registrations and replies from the ventilator, which no peer on the worker port can forge),
+`publish` (XPUB in manual mode, clients: it tells us who subscribes, and we accept exact client
+identities only), `feedback` (PUSH to the ventilator: one DONE per finished job, GONE for a
+request nobody has listened for in ABANDON_AFTER seconds).
 
 Publishing never blocks and never drops silently: a reply whose reader's queue is full is held
 and tried again (XPUB_NODROP), and given up only after the reader stayed stuck for a long while.
@@ -12,13 +13,14 @@ import time
 
 import zmq
 
-from encoder_client.protocol import encode_error, encode_result
+from encoder_client.protocol import RESTARTED, encode_error, encode_result
 
 from . import messages
 from .assembly import Assembler
-from .runtime import POLL_MS, make_socket, start_child
+from .ownership import Owners
+from .runtime import POLL_MS, make_socket, start_child, user_id
 from .security import curve_for, workers_use_curve
-from .subscriptions import Subscriptions
+from .subscriptions import Subscriptions, topic_change
 
 ABANDON_AFTER = 15.0
 CHECK_INTERVAL = 1.0
@@ -30,27 +32,32 @@ class Sink:
         self.log = log
         self.assembler = Assembler()
         self.subscriptions = Subscriptions()
+        self.owners = Owners()  # under CURVE, the client key each identity belongs to
         self.quiet_until = 0.0  # rate limit for the slow-reader warning
         context = zmq.Context.instance()
         curve, self.authenticator = curve_for(context, settings)
         self.collect = make_socket(context, zmq.PULL, bind=addresses.results_binds,
                                    curve=workers_use_curve(settings) and curve)
-        # XPUB_VERBOSER: every subscribe and unsubscribe, not just the first
+        self.control = make_socket(context, zmq.PULL, bind=addresses.control)
+        # XPUB_VERBOSER: every subscribe and unsubscribe, not just the first; XPUB_MANUAL: we decide
         self.publish = make_socket(context, zmq.XPUB, bind=addresses.publish, hwm=PUBLISH_HWM, curve=curve,
-                                   options={zmq.XPUB_VERBOSER: 1, zmq.XPUB_NODROP: 1})
+                                   options={zmq.XPUB_VERBOSER: 1, zmq.XPUB_NODROP: 1, zmq.XPUB_MANUAL: 1})
         self.feedback = make_socket(context, zmq.PUSH, connect=addresses.feedback)
 
     def run(self, stop):
         poller = zmq.Poller()
-        poller.register(self.collect, zmq.POLLIN)
-        poller.register(self.publish, zmq.POLLIN)
+        for sock in (self.collect, self.control, self.publish):
+            poller.register(sock, zmq.POLLIN)
         next_check = time.monotonic() + CHECK_INTERVAL
         while not stop.is_set():
             events = dict(poller.poll(POLL_MS))
             if self.publish in events:
-                self.subscriptions.update(self.publish.recv())
+                self.on_subscription(self.publish.recv(copy=False))
             if self.collect in events:
-                self.on_message(self.collect.recv_multipart(copy=False))
+                self.on_message(self.collect.recv_multipart(copy=False), "a worker", (messages.Part,))
+            if self.control in events:
+                self.on_message(self.control.recv_multipart(copy=False), "the ventilator",
+                                (messages.Register, messages.Publish, messages.Forget, messages.Reset))
             for held in self.subscriptions.releasable():
                 if self.subscriptions.is_listening(held.identity):
                     self.deliver(held.identity, held.frames, held)
@@ -60,8 +67,33 @@ class Sink:
                     self.log.info("request %d: nobody has listened for it in %.0fs; giving it up", seq, ABANDON_AFTER)
                     self.feedback.send_multipart(messages.Gone(seq).frames())
 
-    def on_message(self, frames):
-        message = messages.decode_or_log(frames, self.log, "a worker or the ventilator")
+    def on_subscription(self, frame):
+        """Apply a subscription when it is to one exact identity (see subscriptions.py) that, under
+        CURVE, belongs to the subscriber's key; refuse it otherwise."""
+        message = frame.bytes
+        change = topic_change(message)
+        change = self.subscriptions.update(message, change is None or self.owners.claim(change[1], user_id(frame)))
+        if change is None:
+            if message[:1] == b"\x01":
+                self.log.warning("refused a subscription to %r: only exact client identities, each to its own key",
+                                 message[1:33])
+            return
+        subscribe, topic = change
+        self.publish.setsockopt(zmq.SUBSCRIBE if subscribe else zmq.UNSUBSCRIBE, topic)
+
+    def on_message(self, frames, sender, expected):
+        """A message from `sender`, which may send the `expected` kinds. Anything else, and what
+        cannot be handled, is logged and dropped: nothing on the worker port ends this loop."""
+        message = messages.decode_or_log(frames, self.log, sender)
+        if message is not None and not isinstance(message, expected):
+            self.log.warning("dropped a %s message from %s, which it may not send", type(message).__name__, sender)
+            return
+        try:
+            self.handle(message)
+        except Exception:
+            self.log.exception("dropped a %s message that could not be handled", type(message).__name__)
+
+    def handle(self, message):
         if isinstance(message, messages.Part):
             self.publish_result(self.assembler.add_part(message.seq, message.offset, message.array, message.tokens,
                                                         message.num_tokens, message.truncated))
@@ -72,6 +104,17 @@ class Sink:
             self.deliver(message.identity, message.reply)
         elif isinstance(message, messages.Forget):
             self.forget(message)
+        elif isinstance(message, messages.Reset):
+            self.reset()
+
+    def reset(self):
+        registrations = self.assembler.reset()
+        if registrations:
+            self.log.warning("the ventilator restarted: %d requests in flight fail; their clients may resend them",
+                             len(registrations))
+        for registration in registrations:
+            self.deliver(registration.identity, encode_error(registration.identity, registration.req_id,
+                                                             messages.RESTART_ERROR, RESTARTED))
 
     def forget(self, message):
         registration = self.assembler.forget(message.seq)
@@ -104,7 +147,7 @@ class Sink:
                                self.subscriptions.slow_seconds)
 
     def close(self):
-        for sock in (self.collect, self.publish, self.feedback):
+        for sock in (self.collect, self.control, self.publish, self.feedback):
             sock.close(linger=1000)
         if self.authenticator is not None:
             self.authenticator.stop()

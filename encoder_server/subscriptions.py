@@ -6,10 +6,20 @@ moment it connects, so the sink holds replies for identities nobody subscribes t
 `hold_seconds`, and publishes them once a matching subscription arrives. A reply whose reader's
 queue is full is held too, for `slow_seconds`, and tried again. Held replies are capped in bytes;
 the oldest go first.
+
+The sink's XPUB is in manual mode: it applies only the subscriptions it accepts. A SUB socket's
+topic is a prefix (an empty one would receive every client's embeddings), so a topic is refused
+when it is empty, or when it is a prefix of an accepted topic or has one as its prefix: every
+reply then reaches the subscribers of its exact identity and no one else. Random identities (the
+clients' default) never overlap; an attacker's prefix can only make a victim's subscription fail
+(its client times out connecting), never read its replies.
 """
+import bisect
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
+
+from encoder_client.protocol import MAX_IDENTITY_BYTES
 
 
 @dataclass
@@ -21,30 +31,71 @@ class Held:
     slow: bool = False  # held because the reader's queue was full, not because nobody listened
 
 
+def topic_change(message):
+    """(True, topic) for a subscription message from XPUB, (False, topic) for an unsubscription;
+    None for one to refuse: an empty topic, one longer than any identity, or no message at all."""
+    if len(message) < 2 or message[0] not in (0, 1) or len(message) - 1 > MAX_IDENTITY_BYTES:
+        return None
+    return message[0] == 1, bytes(message[1:])
+
+
 class Subscriptions:
-    def __init__(self, hold_seconds=5.0, slow_seconds=30.0, max_held_bytes=256 << 20):
+    def __init__(self, hold_seconds=5.0, slow_seconds=30.0, max_held_bytes=256 << 20, max_topics=10_000):
         self.hold_seconds = hold_seconds
         self.slow_seconds = slow_seconds
         self.max_held_bytes = max_held_bytes
         self.evicted = 0
-        self._topics = Counter()
+        self.max_topics = max_topics
+        # XPUB reports every subscription a peer asks for, and when a peer goes, an unsubscription
+        # for each of them, applied or refused alike: so count what was asked (`_asked`), and keep
+        # apart the topics applied to the socket (`_accepted`), which listen until none is asked
+        self._asked = Counter()
+        self._accepted = set()
+        self._sorted = []          # the accepted topics, sorted, to find those a new one prefixes
         self._held = deque()
         self._held_bytes = 0
 
-    def update(self, message):
-        """Apply one XPUB subscription message: b'\\x01topic' subscribes, b'\\x00topic' unsubscribes."""
-        if not message:
-            return
-        topic = bytes(message[1:])
-        if message[0] == 1:
-            self._topics[topic] += 1
-        elif message[0] == 0 and self._topics[topic] > 0:
-            self._topics[topic] -= 1
-            if not self._topics[topic]:
-                del self._topics[topic]
+    def update(self, message, owned=True):
+        """Apply one XPUB message (b'\\x01topic' subscribes, b'\\x00topic' unsubscribes); returns
+        its (subscribe, topic) for the sink to apply to the socket, or None when refused. `owned`:
+        False when, under CURVE, the topic belongs to another client key than the sender's."""
+        change = topic_change(message)
+        if change is None:
+            return None
+        subscribe, topic = change
+        if not subscribe:
+            return change if owned and self._forget_one(topic) else None
+        if len(self._asked) < 4 * self.max_topics or topic in self._asked:
+            self._asked[topic] += 1
+        if topic in self._accepted:
+            return change if owned else None
+        if not owned or topic not in self._asked or len(self._accepted) >= self.max_topics or self._overlaps(topic):
+            return None
+        self._accepted.add(topic)
+        bisect.insort(self._sorted, topic)
+        return change
+
+    def _forget_one(self, topic):
+        if not self._asked[topic]:
+            del self._asked[topic]
+            return False
+        self._asked[topic] -= 1
+        if not self._asked[topic]:
+            del self._asked[topic]
+            if topic in self._accepted:
+                self._accepted.discard(topic)
+                del self._sorted[bisect.bisect_left(self._sorted, topic)]
+        return True
+
+    def _overlaps(self, topic):
+        """Whether an accepted topic is a prefix of `topic`, or `topic` a prefix of one."""
+        if any(topic[:length] in self._accepted for length in range(1, len(topic))):
+            return True
+        after = bisect.bisect_right(self._sorted, topic)
+        return after < len(self._sorted) and self._sorted[after].startswith(topic)
 
     def is_listening(self, identity):
-        return any(identity.startswith(topic) for topic in self._topics)
+        return identity in self._accepted
 
     def hold(self, identity, frames, now=None, slow=False):
         """Keep a reply for later: until its reader listens (or for slow_seconds when `slow`)."""

@@ -13,21 +13,22 @@ remote worker that outlived it) can never be taken for this run's.
 import secrets
 import socket
 import time
-from collections import Counter
+from collections import Counter, deque
 
 import zmq
 
-from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, PROTOCOL_VERSION, TOO_LARGE, ProtocolError,
-                                     decode_request, encode_data, encode_error)
+from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, PROTOCOL_VERSION, RESTARTED, TOO_LARGE,
+                                     ProtocolError, decode_request, encode_data, encode_error)
 from encoder_client.status import Requests, ServerStatus, Texts
 
 from . import __version__, messages
 from .intake import is_loopback, model_choices, parse_encode
 from .liveness import Liveness
 from .metrics import Metrics
-from .runtime import POLL_MS, make_socket, start_child
+from .ownership import Owners
+from .runtime import POLL_MS, make_socket, start_child, user_id
 from .scheduling import Dispatcher
-from .security import curve_for, own_client_keys, workers_use_curve
+from .security import curve_for, workers_use_curve
 
 
 class Ventilator:
@@ -43,17 +44,19 @@ class Ventilator:
         self.counters = Counter()
         self.metrics = Metrics()
         self.draining = False
+        self.unsent = deque()  # messages for the sink that it could not take yet
+        self.owners = Owners()  # under CURVE, the client key each identity belongs to
         context = zmq.Context.instance()
         curve, self.authenticator = curve_for(context, settings)
         self.frontend = make_socket(context, zmq.PULL, bind=addresses.frontend, curve=curve,
                                     options={zmq.MAXMSGSIZE: settings.max_request_mb << 20})
-        internal_curve = workers_use_curve(settings)
         # ROUTER_HANDOVER: a worker that connects again under its name replaces its old connection
-        self.backend = make_socket(context, zmq.ROUTER, bind=addresses.jobs_binds, curve=internal_curve and curve,
+        self.backend = make_socket(context, zmq.ROUTER, bind=addresses.jobs_binds,
+                                   curve=workers_use_curve(settings) and curve,
                                    options={zmq.ROUTER_MANDATORY: 1, zmq.ROUTER_HANDOVER: 1})
         self.from_sink = make_socket(context, zmq.PULL, bind=addresses.feedback)
-        self.to_sink = make_socket(context, zmq.PUSH, connect=addresses.sink,
-                                   curve_client=internal_curve and own_client_keys(settings))
+        self.to_sink = make_socket(context, zmq.PUSH, connect=addresses.control)
+        self.send_to_sink(messages.Reset().frames())  # a predecessor's requests held there are lost
 
     def run(self, stop):
         poller = zmq.Poller()
@@ -66,7 +69,7 @@ class Ventilator:
             if stop.is_set() and not self.draining:
                 self.start_draining()
             if self.draining:
-                drain_deadline = drain_deadline or time.monotonic() + self.settings.graceful_timeout
+                drain_deadline = drain_deadline or time.monotonic() + self.settings.drain_timeout
                 if time.monotonic() > drain_deadline:
                     self.log.warning("gave up waiting for %d in-flight requests",
                                      self.dispatcher.in_flight_requests)
@@ -80,6 +83,7 @@ class Ventilator:
                 self.on_feedback(self.from_sink.recv_multipart())
             if self.supervisor is not None and self.supervisor.fileno() in events:
                 self.on_supervisor(poller, stop)
+            self.flush_to_sink()
             self.keep_workers()
             for seq in self.dispatcher.expired(time.monotonic()):
                 self.end_request(seq, "expired")
@@ -94,21 +98,32 @@ class Ventilator:
     # ----- clients -----
 
     def on_client(self, frames):
+        """Nothing a client sends ends this loop: a bad request gets an error reply when its identity
+        is readable, and is logged and dropped otherwise."""
         peer = _peer_address(frames[0])
         raw = [frame.bytes for frame in frames]
         try:
             request = decode_request(raw)
-            if request.command:
-                self.on_command(request, peer)
-            elif self.draining:
-                self.reply_error(request.identity, request.req_id, "the server is shutting down", DRAINING)
-            else:
-                encode = parse_encode(request, self.settings.show_tokens_to_client, self.settings.max_pending_texts)
-                self.admit(encode, model_choices(encode, self.settings))
+            if not self.owners.claim(request.identity, user_id(frames[0])):
+                raise ProtocolError(f"identity {request.identity[:64]!r} belongs to another client key; dropped")
+            self.on_request(request, peer)
         except ProtocolError as error:
             self.log.warning("bad request from %s: %s", peer or "?", error)
             if error.identity is not None:
                 self.reply_error(error.identity, error.req_id, f"bad request: {error}", error.code)
+        except Exception:  # a case the checks missed: that request fails, the server goes on
+            self.log.exception("could not handle a request from %s", peer or "?")
+            request = decode_request(raw)
+            self.reply_error(request.identity, request.req_id, "bad request: the server could not handle it")
+
+    def on_request(self, request, peer):
+        if request.command:
+            self.on_command(request, peer)
+        elif self.draining:
+            self.reply_error(request.identity, request.req_id, "the server is shutting down", DRAINING)
+        else:
+            encode = parse_encode(request, self.settings.show_tokens_to_client, self.settings.max_pending_texts)
+            self.admit(encode, model_choices(encode, self.settings))
 
     def on_command(self, request, peer):
         if request.command == b"SHOW_CONFIG":
@@ -125,6 +140,9 @@ class Ventilator:
             self.start_draining()
 
     def admit(self, request, choices):
+        if self.dispatcher.is_in_flight(request.identity, request.req_id):
+            raise ProtocolError(f"req_id {request.req_id} is already in flight under this identity",
+                                request.identity, request.req_id)
         pending, limit = self.dispatcher.pending_texts, self.settings.max_pending_texts
         if pending + len(request.texts) > limit:
             return self.refuse_busy(request, f"server busy: {pending} texts pending, the limit is {limit}; "
@@ -133,12 +151,15 @@ class Ventilator:
         registration = messages.Registration(request.identity, request.req_id, len(request.texts),
                                              request.with_tokens)
         try:
+            if self.unsent:
+                raise zmq.Again()  # the sink is not taking messages now
             self.to_sink.send_multipart(messages.Register(seq, registration).frames(), flags=zmq.NOBLOCK)
         except zmq.Again:
             return self.refuse_busy(request, "server busy: the result queue is full; retry later")
         self.next_seq += 1
         self.dispatcher.submit(seq, request.identity, request.texts, time.monotonic(), request.timeout_s,
-                               is_tokenized=request.is_tokenized, with_tokens=request.with_tokens, **choices)
+                               req_id=request.req_id, is_tokenized=request.is_tokenized,
+                               with_tokens=request.with_tokens, **choices)
         self.log.debug("request %d: %d texts from %r", seq, len(request.texts), request.identity)
 
     def refuse_busy(self, request, message):
@@ -159,16 +180,32 @@ class Ventilator:
     # ----- workers -----
 
     def on_worker(self, frames):
+        """A message on the worker port. One that is no message of ours, or that the ventilator
+        cannot handle, is logged and dropped, and its sender is no longer a worker of ours."""
         worker, now = frames[0], time.monotonic()
-        message = messages.decode_or_log(frames[1:], self.log, worker.decode(errors="replace"))
-        if isinstance(message, messages.Ready):
-            self.lose(self.liveness.ready(worker, message, now))
-            self.dispatcher.add_worker(worker)
-            self.log.info("%s ready (%d of %d)", worker.decode(errors="replace"), len(self.liveness),
-                          self.settings.num_worker)
-        elif message is None or not self.liveness.heard(worker, now):
-            return  # undecodable, or from a worker already given up for dead
-        elif isinstance(message, messages.Heartbeat):
+        name = worker.decode(errors="replace")
+        message = messages.decode_or_log(frames[1:], self.log, name)
+        try:
+            if message is None:
+                self.lose(self.liveness.misbehaved(worker))
+            elif isinstance(message, messages.Ready):
+                self.on_ready(worker, message, now)
+            elif self.liveness.heard(worker, now):
+                self.on_worker_report(message)
+            else:  # a worker of a ventilator before this one, or one given up for dead: it may join again
+                self.backend.send_multipart([worker, *messages.Who().frames()], flags=zmq.NOBLOCK)
+        except Exception:
+            self.log.exception("could not handle a %s message from %s", type(message).__name__, name)
+            self.lose(self.liveness.misbehaved(worker))
+
+    def on_ready(self, worker, message, now):
+        self.lose(self.liveness.ready(worker, message, now))
+        self.dispatcher.add_worker(worker)
+        self.log.info("%s ready (%d of %d)", worker.decode(errors="replace"), len(self.liveness),
+                      self.settings.num_worker)
+
+    def on_worker_report(self, message):
+        if isinstance(message, messages.Heartbeat):
             self.metrics.add(message.metrics)
         elif isinstance(message, messages.Dropped):
             job = self.dispatcher.job_dropped(message.number)
@@ -179,7 +216,9 @@ class Ventilator:
             job = self.dispatcher.job_dropped(message.job_id)
             if job is not None:
                 self.counters["texts_refused"] += len(job.texts)
-                self.end_request(job.seq, "refused", message.error, TOO_LARGE)
+                self.end_request(job.seq, "refused", message.error, message.code)
+        else:
+            raise messages.MessageError(f"a worker does not send {type(message).__name__}")
 
     def keep_workers(self):
         """Drop the workers that fell silent, and send the others their heartbeat when it is due."""
@@ -193,14 +232,26 @@ class Ventilator:
 
     def on_supervisor(self, poller, stop):
         try:
-            exited = self.supervisor.recv()  # messages.WorkerExited: it restarts the worker
+            message = self.supervisor.recv()
         except EOFError:
             self.log.error("the supervisor is gone; stopping")
             poller.unregister(self.supervisor.fileno())
             self.supervisor = None
             stop.set()
             return
-        self.lose(self.liveness.exited(exited.pid, exited.exitcode))
+        if isinstance(message, messages.SinkRestarted):
+            self.fail_in_flight()
+        else:  # messages.WorkerExited: the supervisor restarts the worker
+            self.lose(self.liveness.exited(message.pid, message.exitcode))
+
+    def fail_in_flight(self):
+        """The sink died with every request in flight: tell each client to resend its request."""
+        lost = self.dispatcher.requests_in_flight()
+        self.log.warning("the sink restarted: %d requests in flight fail; their clients may resend them", len(lost))
+        for request in lost:
+            self.end_request(request.seq, "failed")
+            self.reply_error(request.client, request.req_id, messages.RESTART_ERROR, RESTARTED)
+        self.dispatcher.release_assigned()
 
     def lose(self, losses):
         """Drop lost workers; their jobs go to others, and a job on its second dead worker fails its request."""
@@ -244,11 +295,22 @@ class Ventilator:
             self.log.info("draining: %d requests in flight", self.dispatcher.in_flight_requests)
 
     def send_to_sink(self, frames):
-        try:
-            self.to_sink.send_multipart(frames, flags=zmq.NOBLOCK)
-        except zmq.Again:
+        """Send now, or keep it (in order, up to UNSENT_LIMIT) while the sink is not taking any: a
+        restarting sink, or one that fell behind, must not cost a client its only reply."""
+        if len(self.unsent) >= UNSENT_LIMIT:
             self.counters["replies_dropped"] += 1
             self.log.error("the sink is not keeping up; dropped a %s message", frames[0].decode())
+            return
+        self.unsent.append(frames)
+        self.flush_to_sink()
+
+    def flush_to_sink(self):
+        try:
+            while self.unsent:
+                self.to_sink.send_multipart(self.unsent[0], flags=zmq.NOBLOCK)
+                self.unsent.popleft()
+        except zmq.Again:
+            pass
 
     def publish(self, frames):
         self.send_to_sink(messages.Publish(frames).frames())
@@ -286,6 +348,9 @@ class Ventilator:
             server_version=__version__,
             metrics=self.metrics.snapshot(),
         )
+
+
+UNSENT_LIMIT = 100_000
 
 
 def _random_start():

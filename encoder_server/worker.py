@@ -22,6 +22,8 @@ import time
 
 import zmq
 
+from encoder_client.protocol import BAD_REQUEST
+
 from . import fault_injection, messages
 from .backends.embedder import Embedder
 from .batching import BULK, PRIORITY, BatchPlanner, Tokenized
@@ -45,7 +47,7 @@ class Worker:
         self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.embedder.tokenizer.pad_id)
         self.batch_wait_s = settings.batch_wait_ms / 1000
         self.received = queue.SimpleQueue()  # (job, monotonic arrival), from intake to prefetch
-        self.outbox = queue.SimpleQueue()    # Dropped and Refused messages, for intake to send
+        self.outbox = queue.SimpleQueue()    # Dropped, Refused and Ready messages, for intake to send
         self.buffered = threading.Condition()
         self.failed = False
         self.busy_since = {}  # stage (prefetch or a lane) -> monotonic start of the step it is on
@@ -79,13 +81,19 @@ class Worker:
     def connect_jobs(self):
         jobs = make_socket(zmq.Context.instance(), zmq.DEALER, connect=self.endpoints.jobs,
                            identity=self.name.encode(), curve_client=self.endpoints.curve)
-        jobs.send_multipart(messages.Ready(os.getpid(), socket.gethostname(), self.remote).frames())
+        jobs.send_multipart(self.ready().frames())
         return jobs
+
+    def ready(self):
+        return messages.Ready(os.getpid(), socket.gethostname(), self.remote)
 
     def on_message(self, frames, arrived):
         message = messages.decode_or_log(frames, self.log, "the ventilator")
         if isinstance(message, messages.Job):
             self.received.put((message, arrived))
+        elif isinstance(message, messages.Who):
+            self.log.info("the ventilator does not know this worker (it restarted); saying READY again")
+            self.outbox.put(self.ready())
 
     def send_outbox(self, jobs):
         while not self.outbox.empty():
@@ -115,12 +123,19 @@ class Worker:
             self.outbox.put(messages.Dropped(job.job_id))
             return
         fault_injection.inject(job.texts)
-        encoding = self.embedder.tokenize(job.texts, job.is_tokenized, job.with_tokens, job.prompt)
+        try:
+            encoding = self.embedder.tokenize(job.texts, job.is_tokenized, job.with_tokens, job.prompt)
+        except Exception as error:  # the intake's checks should make this impossible; never die of it
+            self.log.exception("could not tokenize job %d", job.job_id)
+            self.outbox.put(messages.Refused(job.job_id, f"texts {job.offset} to {job.offset + len(job.texts) - 1} "
+                                                         f"could not be tokenized: {error}", BAD_REQUEST))
+            return
         if encoding.truncated and not job.truncate:
-            index, length = min(encoding.truncated.items())
-            self.outbox.put(messages.Refused(job.job_id, f"texts[{job.offset + index}] is {length} tokens, above "
-                                                         f"the server's limit of {self.embedder.tokenizer.truncate_at}"
-                                                         " (max_seq_len); shorten it, or allow truncation"))
+            index = min(encoding.truncated)
+            self.outbox.put(messages.Refused(job.job_id, f"texts[{job.offset + index}] has more than "
+                                                         f"{self.embedder.tokenizer.truncate_at} tokens, the "
+                                                         "server's limit (max_seq_len); shorten it, or allow "
+                                                         "truncation"))
             return
         self.metrics.count_truncated(len(encoding.truncated))
         with self.buffered:

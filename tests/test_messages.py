@@ -1,5 +1,7 @@
 """encoder_server.messages: every internal message survives a round trip, and frames that are no
 message of ours raise MessageError, never anything else."""
+import json
+
 import numpy as np
 import pytest
 import zmq
@@ -16,6 +18,8 @@ EVERY_MESSAGE = [
                  budget_ms=1234.5, waited_ms=12.0),
     messages.Job(8, 3, 0, [["pre", "split"]], is_tokenized=True),
     messages.Ready(4242, "host-a", remote=True),
+    messages.Who(),
+    messages.Reset(),
     messages.Heartbeat(Metrics().take()),
     messages.Heartbeat(),
     messages.Dropped(99),
@@ -51,6 +55,10 @@ def test_messages_of_one_number_are_told_apart():
     assert messages.decode(messages.Done(1).frames()) != messages.Dropped(1)
 
 
+def _heartbeat_with(**fields):
+    return json.dumps({**Metrics().take(), **fields}).encode()
+
+
 @pytest.mark.parametrize("frames", [
     [],
     [b"NOPE", b"{}"],
@@ -73,6 +81,24 @@ def test_messages_of_one_number_are_told_apart():
     [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [3]}', b"\x00" * 8],
     [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0}', b"\x00" * 8],
     [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [2]}'],
+    # what a hostile peer on an open worker port sent, each of which once ended the ventilator or the sink
+    [b"HEARTBEAT", _heartbeat_with(histograms=5)],
+    [b"HEARTBEAT", _heartbeat_with(histograms={"batch_rows": 5})],
+    [b"HEARTBEAT", _heartbeat_with(histograms={"batch_rows": {"counts": [1], "sum": 0, "count": 1}})],
+    [b"HEARTBEAT", _heartbeat_with(passes=-1)],
+    [b"HEARTBEAT", _heartbeat_with(tokens={"real": "many", "padded": 0})],
+    [b"DROPPED"],
+    [b"DROPPED", b"-4"],
+    [b"PART", b"not json", b"\x00" * 8],
+    [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [2, 1], "dtype": "object"}', b"\x00" * 8],
+    [b"PART", b'{"seq": 1, "job_id": 1, "offset": -5, "shape": [2, 1]}', b"\x00" * 8],
+    [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [2, 1], "num_tokens": "9"}', b"\x00" * 8],
+    [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [2, 1], "tokens": [["a"]]}', b"\x00" * 8],
+    [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [2, 1, 1, 1]}', b"\x00" * 8],
+    [b"JOB", b'{"job_id": 1, "seq": 1, "offset": 0, "texts": "not a list"}'],
+    [b"READY", b'{"pid": "1", "host": "h"}'],
+    [b"REFUSED", b'{"job_id": 1, "error": 5}'],
+    [b"REGISTER", b"id", b'{"seq": 1, "req_id": 1, "rows": -2}'],
 ], ids=repr)
 def test_malformed_frames_raise_message_error(frames):
     with pytest.raises(MessageError):

@@ -116,11 +116,21 @@ def test_listener_sharing_an_identity_receives_every_result(tiny_server):
 
 
 def test_identity_matching_is_exact_not_prefix(tiny_server):
-    with tiny_server.client(identity="a", timeout=2) as short, tiny_server.client(identity="ab") as longer:
-        stream = short.listen()
-        longer.encode(["the dog"])
+    """A SUB topic matches by prefix, so the sink refuses a subscription that overlaps another
+    subscriber's identity: "ab" cannot connect while "a" listens (nor "a" read "ab"'s results)."""
+    with tiny_server.client(identity="a", timeout=2) as short:
         with pytest.raises(TimeoutError):
-            next(stream)
+            tiny_server.client(identity="ab", timeout=2)
+        assert short.encode(["the cat"]).shape == (1, 32)
+    wait_for(lambda: _connects(tiny_server, "ab"), timeout=20)  # once "a" has gone, "ab" may subscribe
+
+
+def _connects(server, identity):
+    try:
+        with server.client(identity=identity, timeout=2) as client:
+            return client.encode(["the dog"]).shape == (1, 32)
+    except TimeoutError:
+        return False
 
 
 def test_small_request_overtakes_a_large_one(tiny_server):

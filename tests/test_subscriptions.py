@@ -46,3 +46,39 @@ def test_held_replies_are_capped_in_bytes_oldest_first():
         subs.hold(name, [b"12345"], now=100.0)
     assert subs.evicted == 1
     assert [held.identity for held in subs.releasable(now=200.0)] == [b"b", b"c"]
+
+
+def test_only_topics_that_overlap_no_accepted_topic_are_accepted():
+    """A SUB topic matches by prefix: accepting "vic" beside "victim" would hand the victim's
+    replies to the other subscriber too."""
+    subs = Subscriptions()
+    assert subs.update(b"\x01") is None                       # empty: every reply
+    assert subs.update(b"\x01victim") == (True, b"victim")
+    assert subs.update(b"\x01victim") == (True, b"victim")    # a second subscriber of the same identity
+    for overlapping in (b"v", b"vic", b"victim2", b"victim-and-more"):
+        assert subs.update(b"\x01" + overlapping) is None, overlapping
+        assert not subs.is_listening(overlapping)
+    assert subs.update(b"\x01other") == (True, b"other")
+    assert subs.update(b"\x00victim") and subs.update(b"\x00victim")
+    assert subs.update(b"\x01vic") == (True, b"vic")          # free again once "victim" has no subscriber
+    assert subs.update(b"\x00nobody") is None                 # never accepted: nothing to count down
+
+
+def test_topics_are_capped():
+    subs = Subscriptions(max_topics=3)
+    for name in (b"a1", b"b1", b"c1"):
+        assert subs.update(b"\x01" + name)
+    assert subs.update(b"\x01d1") is None and subs.update(b"\x01a1")
+
+
+def test_a_refused_subscribers_departure_leaves_the_owner_listening():
+    """XPUB reports an unsubscription for every topic a departing peer asked for, applied or not."""
+    subs = Subscriptions()
+    assert subs.update(b"\x01alice", owned=True)
+    assert subs.update(b"\x01alice", owned=False) is None          # bob, under CURVE, as alice
+    assert subs.update(b"\x01ali") is None                         # an eavesdropper's prefix
+    assert subs.update(b"\x00alice", owned=False) is None          # bob's explicit unsubscribe: ignored
+    assert subs.update(b"\x00alice") and subs.is_listening(b"alice")   # bob's connection closes
+    assert subs.update(b"\x00ali") == (False, b"ali")             # the eavesdropper goes
+    assert subs.is_listening(b"alice")
+    assert subs.update(b"\x00alice") and not subs.is_listening(b"alice")  # alice goes
