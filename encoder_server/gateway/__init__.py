@@ -4,15 +4,16 @@ import contextlib
 import signal
 import threading
 
+import uvicorn
+
 from encoder_server.settings import GATEWAY_TIMEOUT
 
 from .app import create_app
 
 
 def serve_http(http_host, http_port, server_host, port, port_out, *, server_key=None, client_key=None,
-               api_key=None, verbose=False, timeout=GATEWAY_TIMEOUT):
-    """Serve the gateway with uvicorn until SIGTERM/SIGINT; returns the exit code."""
-    import uvicorn
+               api_key=None, verbose=False, timeout=GATEWAY_TIMEOUT, stop_signals=(signal.SIGINT, signal.SIGTERM)):
+    """Serve the gateway with uvicorn until one of `stop_signals`; returns the exit code."""
     from prometheus_client import disable_created_metrics
 
     from encoder_client import AsyncEncoderClient
@@ -26,30 +27,38 @@ def serve_http(http_host, http_port, server_host, port, port_out, *, server_key=
                                   client_key=client_key)
 
     config = uvicorn.Config(create_app(make_client, api_key=api_key), host=http_host, port=http_port,
-                            log_level="debug" if verbose else "info", access_log=verbose, log_config=None,
+                            log_level="debug" if verbose else "info", access_log=True, log_config=None,
                             timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = _Server(config, stop_signals)
     try:
-        with _signals_absorbed():
-            server.run()
+        server.run()
     except SystemExit as exit_:  # uvicorn exits when it cannot bind
         return exit_.code if isinstance(exit_.code, int) else 1
     return 0 if server.started else 1
 
 
-@contextlib.contextmanager
-def _signals_absorbed():
-    """After its graceful shutdown uvicorn raises again the signal that stopped it, under the
-    handler it found; a no-op handler there lets serve_http return its exit code instead."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, lambda *_: None) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+class _Server(uvicorn.Server):
+    """uvicorn's server, stopped gracefully by `stop_signals` alone (the supervisor's own signal for
+    its built-in gateway, which ignores the group's SIGTERM), never re-raising it after shutdown."""
+
+    def __init__(self, config, stop_signals):
+        super().__init__(config)
+        self.stop_signals = stop_signals
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {signum: signal.signal(signum, self.handle_stop) for signum in self.stop_signals}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def handle_stop(self, *_):
+        self.should_exit = True
 
 
 __all__ = ["serve_http", "create_app"]

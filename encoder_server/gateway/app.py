@@ -7,7 +7,7 @@ from fastapi import FastAPI
 
 from encoder_server import __version__
 
-from .auth import bearer_check
+from .auth import ApiKeyMiddleware
 from .bert_routes import bert_router
 from .body_limit import BodyLimitMiddleware
 from .errors import install_handlers
@@ -40,12 +40,13 @@ def create_app(client_or_factory, *, api_key=None):
     app = FastAPI(title="encoder-server HTTP gateway", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None)  # the docs pages load scripts from a CDN
     app.state.link = link
-    check_key = bearer_check(api_key)
-    app.include_router(openai_router(link, check_key))
-    app.include_router(bert_router(link, check_key))
+    app.include_router(openai_router(link))
+    app.include_router(bert_router(link))
     app.include_router(ops_router(link, metrics))
     install_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=lambda: link.max_request_bytes)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)  # outside the body limit: before any read
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # the outermost: it counts the 413s too
     return app
 

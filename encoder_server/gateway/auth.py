@@ -1,21 +1,31 @@
-"""Optional API key: `Authorization: Bearer KEY`, the header the OpenAI SDK sends."""
+"""Optional API key: `Authorization: Bearer KEY`, the header the OpenAI SDK sends.
+
+It is checked from the headers alone, before the body is read, so a client without the key
+cannot make the gateway buffer a large body."""
 import hmac
 
-from fastapi import Request
+from starlette.requests import Request
 
-from .errors import GatewayError
+from .errors import GatewayError, render
+
+PROTECTED = ("/v1/", "/encode")  # the embedding and model routes; /health, /ready and /metrics stay open
 
 
-def bearer_check(api_key):
-    """A FastAPI dependency that raises 401 unless the request carries `api_key` (no-op when None)."""
-    expected = api_key.encode() if api_key else None
+class ApiKeyMiddleware:
+    """ASGI middleware that answers 401 unless a request to a protected route carries `api_key`."""
 
-    async def check(request: Request):
-        if expected is None:
-            return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-            raise GatewayError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`",
-                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    def __init__(self, app, api_key):
+        self.app = app
+        self.expected = api_key.encode()
 
-    return check
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith(PROTECTED) and not self.authorized(scope):
+            error = GatewayError(401, "Incorrect or missing API key: send `Authorization: Bearer <key>`",
+                                 code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            return await render(Request(scope), error)(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    def authorized(self, scope):
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, given = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.expected)

@@ -5,6 +5,8 @@ from typing import Any, Literal, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from encoder_client.validation import check_unicode
+
 from .errors import GatewayError
 
 OWNER = "encoder-server"
@@ -45,6 +47,10 @@ def texts_from_input(value):
             raise _bad_input(f"{where} must be a string, got {type(text).__name__}")
         if not text.strip():
             raise _bad_input(f"{where} is an empty or whitespace-only string")
+        try:
+            check_unicode(text, where)
+        except ValueError as error:
+            raise _bad_input(str(error)) from None
     return texts
 
 
