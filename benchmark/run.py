@@ -133,7 +133,7 @@ class Suite:
         probe_texts = corpus.texts("short", self.plan.probe_requests)
         flood_kind = "medium" if "medium" in self.plan.kinds else self.plan.kinds[0]
         flood_texts = corpus.texts(flood_kind, 4096)
-        with self.service("service (onnx fp32, defaults)", "--graceful-timeout", "1") as engine:
+        with self.service("service (onnx fp32, defaults)", "--drain-timeout", "1") as engine:
             idle = _probe(engine, probe_texts, self.tokens["short"])
             stop = threading.Event()
             flooders = [threading.Thread(target=_flood, args=(engine, flood_texts, stop), daemon=True)

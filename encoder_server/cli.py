@@ -3,12 +3,14 @@ keygen, http (a gateway to a running server) and worker (workers on another host
 running server)."""
 import argparse
 import json
+import os
 import socket
 import sys
 import time
 
 from . import __version__
 from .model_folder import ConfigError
+from .runtime import LOG_FORMAT_VARIABLE
 from .settings import CHOICES, GATEWAY_TIMEOUT
 
 
@@ -17,6 +19,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     args.argv = argv
+    if getattr(args, "log_format", None):
+        os.environ[LOG_FORMAT_VARIABLE] = args.log_format  # every process's configure_logging reads it
     try:
         return args.run(args)
     except ConfigError as error:
@@ -106,8 +110,12 @@ def status(args):
 def keygen(args):
     from .security import keygen as write_keys
 
-    public, secret = write_keys(args.directory, args.name)
-    print(f"public key: {public}\nsecret key: {secret} (keep it private)")
+    try:
+        public, secret, written = write_keys(args.directory, args.name)
+    except ValueError as error:
+        raise ConfigError(f"{args.directory}: {error}") from None
+    kept = "" if written else " (these existed already and were kept)"
+    print(f"public key: {public}\nsecret key: {secret} (keep it private){kept}")
     return 0
 
 
@@ -127,7 +135,10 @@ def _parser():
     for name, handler, summary in (("start", start, "start a server in the foreground"),
                                    ("check", check, "start a server with these choices on free ports, encode a "
                                                     "built-in sample, and compare it with sentence-transformers")):
-        run = commands.add_parser(name, help=summary, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        run = commands.add_parser(name, help=summary, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                  epilog="Every option may come from the environment instead: ENCODER_SERVER_ and its "
+                                         "name, e.g. ENCODER_SERVER_NUM_WORKER=4, ENCODER_SERVER_API_KEY (kept out of "
+                                         "`ps`); a flag given on the command line wins.")
         run.set_defaults(run=handler)
         groups = {}
         for setting in CHOICES:
@@ -152,8 +163,11 @@ def _parser():
                                                   "(504 after)")
     gateway.add_argument("--http-host", default="127.0.0.1", help="address to listen on")
     gateway.add_argument("--http-port", type=int, default=8080, help="port to listen on")
-    gateway.add_argument("--api-key", default=None, help="bearer key that embedding requests must carry")
+    gateway.add_argument("--api-key", default=os.environ.get(env_name("api_key")),
+                         help=f"bearer key that embedding requests must carry (or {env_name('api_key')}, which "
+                              "`ps` does not show)")
     gateway.add_argument("--verbose", action="store_true", help="debug logging")
+    _add_choice(gateway, "log_format")
 
     workers = commands.add_parser("worker", help="run workers on this host for a running server (started with "
                                   "--worker-port)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -166,6 +180,7 @@ def _parser():
     _add_choice(workers, "device", help="where these workers run")
     _add_choice(workers, "backend", help="inference engine (default: the server's, or torch on cuda)")
     _add_choice(workers, "verbose")
+    _add_choice(workers, "log_format")
 
     keys = commands.add_parser("keygen", help="write a CURVE key pair (NAME.key and NAME.key_secret)",
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -176,10 +191,11 @@ def _parser():
 
 
 def _add_choice(parser, name, **overrides):
-    """The option of the setting `name`, as settings.Settings declares it (flag, default, help, bounds)."""
+    """The option of the setting `name`, as settings.Settings declares it (flag, default, help, bounds);
+    its default comes from the environment variable ENCODER_SERVER_<NAME> when that is set."""
     setting = next(setting for setting in CHOICES if setting.name == name)
     bounds = setting.metadata
-    options = {"dest": name, "default": setting.default, "help": bounds["help"]}
+    options = {"dest": name, "default": _env_default(setting), "help": bounds["help"]}
     if setting.type is bool:
         options["action"] = "store_true" if setting.default is False else argparse.BooleanOptionalAction
     elif bounds.get("action"):
@@ -188,6 +204,33 @@ def _add_choice(parser, name, **overrides):
         options.update(type=bounds.get("parse", setting.type), nargs=bounds.get("nargs"),
                        choices=bounds.get("choices"))
     parser.add_argument("--" + name.replace("_", "-"), **{**options, **overrides})
+
+
+def env_name(name):
+    return f"ENCODER_SERVER_{name.upper()}"
+
+
+def _env_default(setting):
+    """The setting's default, or the value of its environment variable, read as the flag would be."""
+    value = os.environ.get(env_name(setting.name))
+    if value is None:
+        return setting.default
+    if setting.type is bool:
+        if value.lower() not in BOOLEAN_WORDS:
+            raise SystemExit(f"encoder-server: error: {env_name(setting.name)}={value!r}: use one of "
+                             f"{', '.join(BOOLEAN_WORDS)}")
+        return BOOLEAN_WORDS[value.lower()]
+    if setting.metadata.get("nargs") or setting.metadata.get("action") == "append":
+        parse = setting.metadata.get("parse", str)
+        try:
+            return [parse(item) for item in value.replace(",", " ").split()]
+        except (ValueError, argparse.ArgumentTypeError):
+            raise SystemExit(f"encoder-server: error: {env_name(setting.name)}={value!r} is not valid") from None
+    return value  # argparse reads a string default with the option's type, as if it were given
+
+
+BOOLEAN_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+                 "off": False}
 
 
 def _add_server_address(command, timeout, timeout_help="seconds to wait for the server"):

@@ -13,11 +13,17 @@ from zmq.auth.thread import ThreadAuthenticator
 
 
 def keygen(directory, name):
-    """Write NAME.key and NAME.key_secret in `directory`; returns their paths."""
+    """Write NAME.key and NAME.key_secret in `directory`, unless that pair exists already (it is
+    kept: a container that runs keygen at each start keeps its keys); returns their paths and
+    whether they were written."""
+    public, secret = (os.path.join(directory, f"{name}.{suffix}") for suffix in ("key", "key_secret"))
+    if os.path.exists(public) and os.path.exists(secret):
+        load_key_pair(secret)  # a damaged pair is an error, not something to keep
+        return public, secret, False
     os.makedirs(directory, exist_ok=True)
     public, secret = zmq.auth.create_certificates(directory, name)
     os.chmod(secret, 0o600)
-    return public, secret
+    return public, secret, True
 
 
 def load_key_pair(secret_file):

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from .backends import BACKENDS, default_backend
 from .backends.pooling import MASKABLE, STRATEGIES, PoolingSpec
+from .intake import is_loopback
 from .model_folder import ConfigError, default_model_path, inspect_model_folder
 
 MODEL, COMPUTE, SCHEDULING, NETWORK = "model and pooling", "compute", "scheduling", "network"
@@ -85,8 +86,9 @@ class Settings:
                                                    "forward pass", minimum=0)
     prefetch_size: int = choice(2, SCHEDULING, "bulk jobs a worker receives and tokenizes ahead of the model",
                                 minimum=1)
-    graceful_timeout: float = choice(30.0, SCHEDULING, "seconds that in-flight requests get to finish on stop",
-                                     minimum=0)
+    drain_timeout: float = choice(10.0, SCHEDULING, "seconds that in-flight requests get to finish on stop "
+                                                    "(below docker stop's 10 s grace with the rest of the stop)",
+                                  minimum=0)
     max_pending_texts: int = choice(100_000, SCHEDULING, "texts of unfinished requests the server holds; a "
                                                          "request past it gets an immediate 'server busy' error",
                                     minimum=1)
@@ -103,9 +105,12 @@ class Settings:
     worker_port: int = choice(None, NETWORK, "accept workers from other hosts (`encoder-server worker`): jobs on "
                                              "this port, results on the next one", port=True)
     http_port: int = choice(None, NETWORK, "also serve the HTTP gateway on this port", port=True)
-    http_host: str = choice(None, NETWORK, "address for the HTTP gateway (default: --host)")
+    http_host: str = choice(None, NETWORK, "address for the HTTP gateway and --metrics-port (default: --host)")
+    metrics_port: int = choice(None, NETWORK, "serve Prometheus metrics on this port (GET /metrics), also "
+                                              "without the HTTP gateway", port=True)
     api_key: str = choice(None, NETWORK, "bearer key that HTTP embedding requests must carry")
     verbose: bool = choice(False, None, "debug logging")
+    log_format: str = choice("text", None, "log lines as text, or as one JSON object each", choices=("text", "json"))
 
     # derived by resolve() from the model folder, and by backends.prepare_model
     encoder_path: str = None  # the folder of the encoder's weights and tokenizer
@@ -132,8 +137,9 @@ class Settings:
         ports = [(self.host, self.port), (self.host, self.port_out)]
         if self.worker_port:
             ports += [(self.host, self.worker_port), (self.host, self.worker_port + 1)]
-        if self.http_port:
-            ports.append((self.http_host or self.host, self.http_port))
+        for port in (self.http_port, self.metrics_port):
+            if port:
+                ports.append((self.http_host or self.host, port))
         return ports
 
     def public_config(self):
@@ -183,6 +189,7 @@ def resolve(**choices):
     _check_prompt_name(settings)
     _check_engine(settings)
     _check_keys(settings.server_key, settings.authorized_clients)
+    _check_worker_port(settings)
     return settings
 
 
@@ -301,6 +308,20 @@ def _check_engine(settings):
         import onnxruntime
         if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
             raise ConfigError("--device cuda --backend onnx needs the onnxruntime-gpu package")
+
+
+def _check_worker_port(settings):
+    """A worker port reads every client's texts and writes their embeddings: open beyond this host
+    only to workers that hold an authorized key."""
+    if settings.worker_port and not _loopback_host(settings.host) and not (
+            settings.server_key and settings.authorized_clients):
+        raise ConfigError(f"--worker-port on {settings.host} would let anyone who reaches it read every client's "
+                          "texts and forge their embeddings: add --server-key and --authorized-clients "
+                          "(see `encoder-server keygen`), or keep --host on loopback")
+
+
+def _loopback_host(host):
+    return host == "localhost" or is_loopback(host)
 
 
 def _check_keys(server_key, authorized_clients):

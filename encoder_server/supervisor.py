@@ -4,33 +4,59 @@ A worker that exits for any reason (kill -9, an exception, the OOM killer) is st
 at once the first time, then after a pause that doubles while it keeps dying young. The
 ventilator learns of each exit through a pipe and re-dispatches the dead worker's jobs; it tells
 the supervisor in turn of a worker that stopped sending heartbeats, which is then killed and so
-replaced. The ventilator and the sink hold every request's state: if one of them dies, the server
-stops with a non-zero exit, never silently. With --http-port it also runs the HTTP gateway, a
-client of its own ports, restarted whenever it exits.
+replaced. The ventilator and the sink hold every request's state: if one of them dies, it is
+started again on the same ports and the requests it held fail with the `restarted` code, which
+clients resend (`retries`); if they keep dying, the server stops with a non-zero exit. With
+--http-port it also runs the HTTP gateway, a client of its own ports, and with --metrics-port a
+Prometheus exporter, each restarted whenever it exits.
 
 Stop order: the gateway and the ventilator drain first (in-flight requests finish, new ones are
 refused), then the sink and workers stop, then the ipc folder is removed.
 """
 import logging
 import multiprocessing
+import os
 import shutil
 import signal
 import socket
 import tempfile
 import threading
+import time
 from multiprocessing.connection import wait
+from pathlib import Path
 
 from .backends import prepare_model
-from .messages import WorkerExited
+from .messages import SinkRestarted, WorkerExited
 from .model_folder import ConfigError
-from .runtime import Addresses, WorkerEndpoints
+from .runtime import Addresses, WorkerEndpoints, local_address
 from .security import own_client_keys, workers_use_curve
 from .sink import run_sink
 from .ventilator import run_ventilator
-from .worker_pool import STOP_TIMEOUT, WorkerPool, start_process, stop_process
+from .worker_pool import STOP_TIMEOUT, WorkerPool, ask_to_stop, start_process, stop_process
 
 log = logging.getLogger("supervisor")
 WATCH_INTERVAL = 0.2
+MAX_CORE_DEATHS, CORE_DEATH_WINDOW = 3, 60.0
+RUN_DIR_PREFIX = "es-"  # then the supervisor's pid and a random part (ipc paths must stay short)
+
+
+def remove_stale_run_dirs():
+    """Remove the ipc folders of servers killed before they could (kill -9 of a supervisor: its
+    children die with it, see runtime.start_child): those whose supervisor's pid is gone."""
+    for path in Path(tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}*-*"):
+        pid = path.name[len(RUN_DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and path.is_dir() and path.stat().st_uid == os.getuid() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # someone else's
+    return True
 
 
 def check_port_free(host, port):
@@ -51,8 +77,10 @@ class Supervisor:
         self.ventilator = None
         self.sink = None
         self.gateway = None
+        self.exporter = None     # --metrics-port
         self.pool = None
         self.events = None       # our end of the pipe to the ventilator
+        self.core_deaths = []    # when the ventilator or the sink died, lately
 
     def serve(self):
         """Run until stopped; returns the process exit code."""
@@ -61,7 +89,8 @@ class Supervisor:
         self.settings = prepare_model(self.settings)
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: self.stop_requested.set())
-        run_dir = tempfile.mkdtemp(prefix="encoder-server-")
+        remove_stale_run_dirs()
+        run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
         try:
             self.addresses = Addresses(self.settings.host, self.settings.port, self.settings.port_out, run_dir,
                                        self.settings.worker_port)
@@ -76,26 +105,41 @@ class Supervisor:
         return 1 if failed else 0
 
     def start_children(self):
-        self.events, theirs = self.spawn.Pipe()
-        self.sink = start_process(self.spawn, run_sink, "sink", self.settings, self.addresses)
+        self.start_sink()
         curve = own_client_keys(self.settings) if workers_use_curve(self.settings) else None
         endpoints = WorkerEndpoints(self.addresses.backend, self.addresses.sink, curve)
         self.pool = WorkerPool(self.spawn, self.settings, endpoints, self.settings.num_worker)
+        self.start_ventilator()
+        self.start_gateway()
+        self.start_exporter()
+
+    def start_sink(self):
+        self.sink = start_process(self.spawn, run_sink, "sink", self.settings, self.addresses)
+        log.info("sink started (pid %d)", self.sink.pid)
+
+    def start_ventilator(self):
+        if self.events is not None:
+            self.events.close()
+        self.events, theirs = self.spawn.Pipe()
         self.ventilator = start_process(self.spawn, run_ventilator, "ventilator", self.settings, self.addresses,
                                         theirs)
         theirs.close()
-        self.start_gateway()
+        log.info("ventilator started (pid %d)", self.ventilator.pid)
 
     def start_gateway(self):
         if self.settings.http_port:
             self.gateway = start_process(self.spawn, run_gateway, "gateway", self.settings)
+
+    def start_exporter(self):
+        if self.settings.metrics_port:
+            self.exporter = start_process(self.spawn, run_metrics_exporter, "metrics", self.settings)
 
     def watch(self):
         """Keep workers and the gateway running until a stop signal, or until the ventilator or
         sink exits; True if that exit was a failure."""
         while not self.stop_requested.is_set():
             wait([self.ventilator.sentinel, self.sink.sentinel, self.events, *self.pool.sentinels,
-                  *([self.gateway.sentinel] if self.gateway else [])], timeout=WATCH_INTERVAL)
+                  *(helper.sentinel for helper in (self.gateway, self.exporter) if helper)], timeout=WATCH_INTERVAL)
             try:
                 while self.events.poll():
                     self.pool.kill(self.events.recv().pid)  # messages.WorkerSilent
@@ -104,32 +148,53 @@ class Supervisor:
             if self.ventilator.exitcode == 0:
                 return False  # drained after a TERMINATION request
             for core in (self.ventilator, self.sink):
-                if core.exitcode is not None:
-                    log.error("%s exited unexpectedly with code %s; stopping the server", core.name, core.exitcode)
+                if core.exitcode is not None and not self.restart_core(core):
                     return True
-            self.pool.restart_exited(self.tell_ventilator)
+            self.pool.restart_exited(lambda pid, exitcode: self.tell_ventilator(WorkerExited(pid, exitcode)))
             if self.gateway is not None and self.gateway.exitcode is not None:
                 log.error("the HTTP gateway exited with code %s; restarting it", self.gateway.exitcode)
                 self.start_gateway()
+            if self.exporter is not None and self.exporter.exitcode is not None:
+                log.error("the metrics exporter exited with code %s; restarting it", self.exporter.exitcode)
+                self.start_exporter()
         log.info("stop requested; letting in-flight requests finish")
         return False
 
-    def tell_ventilator(self, pid, exitcode):
+    def restart_core(self, core):
+        """Start a ventilator or sink that died again in place, on the same ports, so that clients
+        see one failed request (which `retries` resend) and nothing more; False (stop the server)
+        once they have died MAX_CORE_DEATHS times within CORE_DEATH_WINDOW seconds."""
+        now = time.monotonic()
+        self.core_deaths = [death for death in self.core_deaths if now - death < CORE_DEATH_WINDOW] + [now]
+        if len(self.core_deaths) > MAX_CORE_DEATHS:
+            log.error("%s exited with code %s: the ventilator and the sink died %d times in %.0fs; stopping the "
+                      "server", core.name, core.exitcode, len(self.core_deaths), CORE_DEATH_WINDOW)
+            return False
+        log.error("%s exited unexpectedly with code %s; restarting it", core.name, core.exitcode)
+        if core is self.sink:
+            self.tell_ventilator(SinkRestarted())  # before the new sink can take any new request
+            self.start_sink()
+        else:
+            self.start_ventilator()
+        return True
+
+    def tell_ventilator(self, message):
         try:
-            self.events.send(WorkerExited(pid, exitcode))
+            self.events.send(message)
         except OSError:
-            pass  # the ventilator is gone; watch() stops the server
+            pass  # the ventilator is gone; watch() restarts it
 
     def stop_children(self):
-        if self.gateway is not None and self.gateway.is_alive():
-            self.gateway.terminate()  # it finishes its HTTP requests while the ventilator drains
+        for helper in (self.gateway, self.exporter):
+            if helper is not None:
+                ask_to_stop(helper)  # the gateway finishes its HTTP requests while the ventilator drains
         if self.ventilator is not None:
-            stop_process(self.ventilator, self.settings.graceful_timeout + STOP_TIMEOUT)
-        if self.sink is not None and self.sink.is_alive():
-            self.sink.terminate()
+            stop_process(self.ventilator, self.settings.drain_timeout + STOP_TIMEOUT)
+        if self.sink is not None:
+            ask_to_stop(self.sink)
         if self.pool is not None:
             self.pool.stop()
-        for child in (self.sink, self.gateway):
+        for child in (self.sink, self.gateway, self.exporter):
             if child is not None:
                 stop_process(child)
         if self.events is not None:
@@ -139,10 +204,17 @@ class Supervisor:
 def run_gateway(settings):
     """The built-in HTTP gateway: a client of this server's own ports (with its own CURVE key)."""
     from .gateway import serve_http
-    from .runtime import start_child
+    from .runtime import STOP_SIGNAL, start_child
 
     start_child("gateway", settings.verbose)
-    local = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "*") else settings.host
-    raise SystemExit(serve_http(settings.http_host or settings.host, settings.http_port, local, settings.port,
-                                settings.port_out, server_key=settings.server_key, client_key=settings.server_key,
-                                api_key=settings.api_key, verbose=settings.verbose))
+    raise SystemExit(serve_http(settings.http_host or settings.host, settings.http_port, local_address(settings.host),
+                                settings.port, settings.port_out, server_key=settings.server_key,
+                                client_key=settings.server_key, api_key=settings.api_key, verbose=settings.verbose,
+                                stop_signals=(STOP_SIGNAL,)))
+
+
+def run_metrics_exporter(settings):
+    """--metrics-port, in a child of its own: the supervisor never imports the HTTP stack."""
+    from .metrics_exporter import serve_metrics
+
+    serve_metrics(settings)

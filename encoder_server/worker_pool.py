@@ -8,6 +8,7 @@ import signal
 import time
 from collections import Counter
 
+from .runtime import STOP_SIGNAL
 from .worker import run_worker
 
 log = logging.getLogger("supervisor")
@@ -22,21 +23,27 @@ def restart_pause(quick_deaths):
 
 
 def start_process(spawn, target, name, *args):
-    """Start a child; it inherits an ignored SIGINT through spawn's exec, so Ctrl-C is ours alone."""
+    """Start a child; it inherits ignored SIGINT and SIGTERM through spawn's exec, so that a signal
+    to the whole process group is the supervisor's alone to act on (see runtime.start_child)."""
     process = spawn.Process(target=target, args=args, name=name)
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         process.start()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return process
+
+
+def ask_to_stop(process):
+    if process.pid is not None and process.is_alive():
+        os.kill(process.pid, STOP_SIGNAL)
 
 
 def stop_process(process, timeout=STOP_TIMEOUT):
     if process.pid is None:
         return  # never started
-    if process.is_alive():
-        process.terminate()
+    ask_to_stop(process)
     process.join(timeout)
     if process.is_alive():
         log.error("%s did not stop within %.0fs; killing it", process.name, timeout)
@@ -90,7 +97,6 @@ class WorkerPool:
 
     def stop(self):
         for worker in self.workers.values():
-            if worker.is_alive():
-                worker.terminate()
+            ask_to_stop(worker)
         for worker in self.workers.values():
             stop_process(worker)
