@@ -166,7 +166,8 @@ def test_dockerfile_default_command_parses_and_matches_the_image(name):
     assert args.run.__name__ == "start"
     assert args.host == "0.0.0.0", "inside a container the server must listen on every interface"
     assert str(args.http_port) == "8080", "the HEALTHCHECK asks the gateway on 8080"
-    assert {str(args.port), str(args.port_out), str(args.worker_port), str(args.worker_port + 1)} <= PORTS
+    assert {str(args.port), str(args.port_out)} <= PORTS
+    assert args.worker_port is None, "an open worker port needs keys, which an image cannot ship"
     assert set(found["EXPOSE"].split()) == PORTS
     assert args.device == ("cuda" if name == "cuda" else "cpu")
 
@@ -361,9 +362,20 @@ def test_compose_commands_parse_and_connect(compose):
     assert command_of(services["worker"])[:3] == ["worker", "--connect", "server"]
     assert server.host == "0.0.0.0", "the other containers reach the server over the compose network"
     assert server.worker_port is not None, "remote workers need the server's --worker-port"
+    keys = cli(command_of(services["keys"]))
+    assert keys.run.__name__ == "keygen" and services["keys"]["restart"] == "no"
+    folder = Path(keys.directory)
+    # an open worker port needs CURVE: the server's key pair from the keys service, every peer on it
+    assert Path(server.server_key) == folder / f"{keys.name}.key_secret"
+    assert Path(server.authorized_clients) == folder
+    assert services["server"]["depends_on"]["keys"]["condition"] == "service_completed_successfully"
+    for name, service in services.items():
+        assert any(volume.split(":")[1] == str(folder) for volume in service["volumes"]), name
     for client in (gateway, worker):
         assert client.connect in services
         assert (client.port, client.port_out) == (server.port, server.port_out)
+        assert Path(client.server_key) == folder / f"{keys.name}.key"
+        assert Path(client.client_key) == folder / f"{keys.name}.key_secret"
     assert gateway.http_host == "0.0.0.0"
     assert f"{server.port}:{server.port}" in services["server"]["ports"]
     assert f"{server.port_out}:{server.port_out}" in services["server"]["ports"]
@@ -378,6 +390,7 @@ def test_compose_healthchecks(compose):
         assert status.run.__name__ == "status"
         server = cli(command_of(services["server"]))
         assert (status.port, status.port_out) == (server.port, server.port_out)
+        assert status.server_key and status.client_key, "the server uses CURVE: its check needs the keys"
     else:
         assert "/ready" in " ".join(server_check)
     gateway_check = healthcheck_argv(services["gateway"])

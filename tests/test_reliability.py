@@ -87,7 +87,7 @@ def test_idle_client_keeps_working_across_a_server_restart(tiny_model, tmp_path)
 
 def test_in_flight_request_fails_fast_on_restart_and_a_retry_succeeds(tiny_model, tmp_path):
     ports = (free_port(), free_port())
-    with running_server(tiny_model, "--graceful-timeout", "0.5", tmp_path=tmp_path / "a", ports=ports,
+    with running_server(tiny_model, "--drain-timeout", "0.5", tmp_path=tmp_path / "a", ports=ports,
                         env=FAULTS) as server:
         client = server.client(timeout=20)
         client.encode(["!sleep 4", "held up"], blocking=False)
@@ -320,3 +320,34 @@ def _read_slowly(server, identity, count):
     for sock in (reader, sender):
         sock.close(linger=0)
     assert replies == set(range(count))
+
+
+def test_curve_binds_an_identity_to_the_first_key_that_uses_it(tiny_model, tmp_path, keys):
+    """Two authorized clients: bob may neither read alice's replies nor send requests as her."""
+    subprocess.run([sys.executable, "-m", "encoder_server.cli", "keygen", str(keys / "authorized"), "--name", "bob"],
+                   check=True, capture_output=True)
+    server_public = str(keys / "server" / "server.key")
+    as_alice = {"server_key": server_public, "client_key": str(keys / "authorized" / "alice.key_secret")}
+    as_bob = {"server_key": server_public, "client_key": str(keys / "authorized" / "bob.key_secret")}
+    with running_server(tiny_model, "--server-key", str(keys / "server" / "server.key_secret"),
+                        "--authorized-clients", str(keys / "authorized"), tmp_path=tmp_path,
+                        client_keys=as_alice) as server:
+        with server.client(identity="alice-desk", timeout=20) as alice:
+            assert alice.encode(random_texts(5)).shape == (5, 32)
+            with pytest.raises(TimeoutError):  # its subscription is refused, so no answer ever comes
+                server.client(identity="alice-desk", timeout=3, **as_bob)
+            context = zmq.Context()
+            try:
+                impostor = context.socket(zmq.PUSH)
+                impostor.curve_serverkey = zmq.auth.load_certificate(server_public)[0]
+                impostor.curve_publickey, impostor.curve_secretkey = zmq.auth.load_certificate(
+                    as_bob["client_key"])
+                impostor.connect(f"tcp://127.0.0.1:{server.port}")
+                impostor.send_multipart([b"alice-desk", b'["forged"]', b"1", b"1"])
+                time.sleep(1)
+            finally:
+                context.destroy(linger=0)
+            assert alice.encode(random_texts(5)).shape == (5, 32)
+            with server.client(identity="bob-desk", timeout=20, **as_bob) as bob:
+                assert bob.encode(random_texts(3)).shape == (3, 32)
+    assert "belongs to another client key" in server.log and "each to its own key" in server.log

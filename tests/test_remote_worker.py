@@ -129,9 +129,10 @@ class RemoteWorker:
 
 
 @pytest.fixture
-def remote_worker(netns, tiny_model, tmp_path):
-    """start(server, *flags, env=...) runs `encoder-server worker` inside the namespace; every
-    worker started is killed, process group and all, at the end of the test."""
+def remote_worker(netns, tiny_model, tmp_path, keys):
+    """start(server, *flags, env=...) runs `encoder-server worker` inside the namespace, with an
+    authorized key unless `flags` name others; every worker started is killed, process group and
+    all, at the end of the test."""
     started = []
 
     def start(server, *flags, env=None, name="worker"):
@@ -140,7 +141,9 @@ def remote_worker(netns, tiny_model, tmp_path):
         log_path = tmp_path / f"{name}.log"
         command = ["ip", "netns", "exec", netns.name, sys.executable, "-m", "encoder_server.cli", "worker",
                    "--connect", netns.host, "--port", str(server.port), "--port-out", str(server.port_out),
-                   "--model", str(tiny_model), "--num-worker", "1", "--threads-per-worker", "1", *flags]
+                   "--model", str(tiny_model), "--num-worker", "1", "--threads-per-worker", "1",
+                   "--server-key", str(keys / "server.key"), "--client-key", str(keys / "clients" / "worker.key_secret"),
+                   *flags]
         with open(log_path, "w") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                        cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmpdir),
@@ -205,19 +208,26 @@ def wait_joined(server, worker):
         time.sleep(0.2)
 
 
-def server_flags(netns, port, *more):
+def server_flags(netns, port, keys, *more):
+    """A server on the veth address: its worker port is open beyond loopback, so it needs CURVE."""
     return ("--host", netns.host, "--worker-port", str(port), "--num-worker", "1", "--threads-per-worker", "1",
-            *more)
+            "--server-key", str(keys / "server.key_secret"), "--authorized-clients", str(keys / "clients"), *more)
+
+
+def as_alice(keys):
+    """The client keys of an authorized client."""
+    return {"server_key": str(keys / "server.key"), "client_key": str(keys / "clients" / "alice.key_secret")}
 
 
 # ----- tests -----
 
-def test_remote_worker_joins_shares_the_work_and_computes_the_same_rows(tiny_model, tmp_path, on_veth, remote_worker):
+def test_remote_worker_joins_shares_the_work_and_computes_the_same_rows(tiny_model, tmp_path, on_veth, remote_worker,
+                                                                       keys):
     texts = random_texts(3000, seed=41, min_words=3, max_words=40)
     # pooling other than the folder's defaults: the remote worker must take the server's from SHOW_CONFIG
-    with running_server(tiny_model, *server_flags(on_veth, worker_port(), "--pooling-strategy", "max",
+    with running_server(tiny_model, *server_flags(on_veth, worker_port(), keys, "--pooling-strategy", "max",
                                                   "--pooling-layer", "-1", "--normalize"),
-                        tmp_path=tmp_path) as server:
+                        tmp_path=tmp_path, client_keys=as_alice(keys)) as server:
         with server.client() as alone:
             before = alone.encode(texts)
         state = status(server)
@@ -244,11 +254,12 @@ def test_remote_worker_joins_shares_the_work_and_computes_the_same_rows(tiny_mod
         assert worker.process.poll() is None, worker.log
 
 
-def test_losing_a_remote_worker_mid_request_loses_no_row(tiny_model, tmp_path, on_veth, remote_worker):
+def test_losing_a_remote_worker_mid_request_loses_no_row(tiny_model, tmp_path, on_veth, remote_worker, keys):
     texts = random_texts(3000, seed=42, min_words=3, max_words=40)
     for index in range(0, len(texts), 64):  # the first text of every bulk job (64 texts, the default)
         texts[index] = "!sleep 2"  # stalls a faulty worker's intake: the remote one is caught holding jobs
-    with running_server(tiny_model, *server_flags(on_veth, worker_port()), tmp_path=tmp_path) as server:
+    with running_server(tiny_model, *server_flags(on_veth, worker_port(), keys), tmp_path=tmp_path,
+                        client_keys=as_alice(keys)) as server:
         with server.client() as alone:
             reference = alone.encode(texts)  # the server's own worker has no faults: plain text to it
         worker = remote_worker(server, env={"ENCODER_SERVER_FAULTS": "1"})
@@ -299,12 +310,10 @@ def _intruder(context, endpoint, identity, keys=None):
 
 def test_curve_worker_ports_admit_authorized_workers_only(tiny_model, tmp_path, on_veth, remote_worker, keys):
     server_public = keys / "server.key"
-    alice = {"server_key": str(server_public), "client_key": str(keys / "clients" / "alice.key_secret")}
     port = worker_port()
     texts = random_texts(1000, seed=43, min_words=3, max_words=40)
-    with running_server(tiny_model, *server_flags(on_veth, port, "--server-key", str(keys / "server.key_secret"),
-                                                  "--authorized-clients", str(keys / "clients")),
-                        tmp_path=tmp_path, client_keys=alice) as server:
+    with running_server(tiny_model, *server_flags(on_veth, port, keys), tmp_path=tmp_path,
+                        client_keys=as_alice(keys)) as server:
         with server.client() as authorized:
             reference = authorized.encode(texts)
             config = authorized.server_config
@@ -357,18 +366,19 @@ def test_curve_worker_ports_admit_authorized_workers_only(tiny_model, tmp_path, 
             assert np.allclose(authorized.encode(texts), reference, atol=1e-5)
 
 
-def test_remote_worker_joins_again_after_the_server_restarts(tiny_model, tmp_path_factory, on_veth, remote_worker):
+def test_remote_worker_joins_again_after_the_server_restarts(tiny_model, tmp_path_factory, on_veth, remote_worker,
+                                                             keys):
     """The worker stops hearing the ventilator's heartbeats, connects again and says READY anew."""
     ports, port = (free_port(), free_port()), worker_port()
     texts = random_texts(500, seed=44, min_words=3, max_words=40)
-    with running_server(tiny_model, *server_flags(on_veth, port), tmp_path=tmp_path_factory.mktemp("r"),
-                        ports=ports) as first:
+    with running_server(tiny_model, *server_flags(on_veth, port, keys), tmp_path=tmp_path_factory.mktemp("r"),
+                        ports=ports, client_keys=as_alice(keys)) as first:
         with first.client() as client:
             reference = client.encode(texts)
         worker = remote_worker(first)
         wait_joined(first, worker)
-    with running_server(tiny_model, *server_flags(on_veth, port), tmp_path=tmp_path_factory.mktemp("r"),
-                        ports=ports) as second:
+    with running_server(tiny_model, *server_flags(on_veth, port, keys), tmp_path=tmp_path_factory.mktemp("r"),
+                        ports=ports, client_keys=as_alice(keys)) as second:
         name, state = wait_joined(second, worker)
         assert state["workers_alive"] == 2, state
         with second.client() as client:

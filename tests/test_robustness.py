@@ -112,6 +112,7 @@ def _start(*flags):
     (["--authorized-clients", "/tmp"], "--authorized-clients needs --server-key"),
     (["--server-key", "/nonexistent/server.key_secret"], "--server-key /nonexistent/server.key_secret"),
     (["--max-pending-texts", "0"], "--max-pending-texts must be at least 1"),
+    (["--host", "0.0.0.0", "--worker-port", "5999"], "--worker-port on 0.0.0.0 would let anyone who reaches it read"),
 ])
 def test_start_up_errors_are_one_clear_line(tiny_model, flags, message):
     if "--model" not in flags:
@@ -181,3 +182,19 @@ def test_malformed_internal_messages_on_an_open_worker_port_are_dropped(tiny_mod
             status = client.server_status
         assert status["worker_restarts"] == 0 and server.process.poll() is None
     assert "dropped a message from" in server.log and "malformed HEARTBEAT" in server.log
+
+
+def test_keygen_keeps_an_existing_pair(tmp_path):
+    """docker/compose.yaml runs keygen at every start: the keys its peers hold must survive it."""
+    def keygen():
+        return subprocess.run([sys.executable, "-m", "encoder_server.cli", "keygen", str(tmp_path)],
+                               capture_output=True, text=True, timeout=60)
+
+    first = keygen()
+    secret = (tmp_path / "server.key_secret").read_bytes()
+    second = keygen()
+    assert first.returncode == second.returncode == 0 and "kept" in second.stdout and "kept" not in first.stdout
+    assert (tmp_path / "server.key_secret").read_bytes() == secret
+    (tmp_path / "server.key_secret").write_text("damaged")
+    damaged = keygen()
+    assert damaged.returncode == 2 and "error" in damaged.stderr and "Traceback" not in damaged.stderr

@@ -423,3 +423,25 @@ def test_served_names(tmp_path):
     assert settings.model_name == ("acme/tiny-encoder", "small", "text-embedding-ada-002")
     assert settings.public_config()["model_name"] == "acme/tiny-encoder"
     assert settings.public_config()["model_names"] == list(settings.model_name)
+
+
+def test_every_option_may_come_from_the_environment(monkeypatch):
+    """For containers: ENCODER_SERVER_<NAME>, read as the flag would be; a flag given still wins."""
+    from encoder_server.cli import _parser, env_name
+
+    values = {"num_worker": "3", "pooling_layer": "-1 -2", "pooling_strategy": "cls", "mask_cls_sep": "true",
+              "normalize": "no", "api_key": "sk-from-env", "model_name": "a,b", "drain_timeout": "2.5",
+              "max_seq_len": "none", "worker_port": "6000"}
+    for name, value in values.items():
+        monkeypatch.setenv(env_name(name), value)
+    args = _parser().parse_args(["start"])
+    assert (args.num_worker, args.pooling_layer, args.pooling_strategy, args.mask_cls_sep, args.normalize) == \
+        (3, [-1, -2], "cls", True, False)
+    assert (args.api_key, args.model_name, args.drain_timeout, args.max_seq_len, args.worker_port) == \
+        ("sk-from-env", ["a", "b"], 2.5, None, 6000)
+    assert _parser().parse_args(["start", "--num-worker", "5"]).num_worker == 5
+    assert _parser().parse_args(["http"]).api_key == "sk-from-env"
+    assert {setting.name for setting in CHOICES} >= set(values)
+    monkeypatch.setenv(env_name("verbose"), "maybe")
+    with pytest.raises(SystemExit, match="ENCODER_SERVER_VERBOSE='maybe': use one of"):
+        _parser()
