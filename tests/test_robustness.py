@@ -152,8 +152,10 @@ def test_status_command_fails_when_no_server():
 
 
 def test_malformed_internal_messages_on_an_open_worker_port_are_dropped(tiny_model, tmp_path):
-    """A peer on the worker ports (open without CURVE) sends what no worker would: the ventilator
-    and the sink log and drop it, nothing restarts, and clients never notice."""
+    """A peer on the worker ports (open without CURVE on loopback) sends what no worker would: the
+    ventilator and the sink log and drop it, nothing restarts, clients never notice, and a reply
+    it tries to publish never reaches the client it names. Each case below once ended the
+    ventilator or the sink, and the server exited 1."""
     texts = random_texts(60, seed=31)
     jobs_port = free_port()
     with running_server(tiny_model, "--num-worker", "1", "--worker-port", str(jobs_port),
@@ -162,6 +164,9 @@ def test_malformed_internal_messages_on_an_open_worker_port_are_dropped(tiny_mod
             expected = client.encode(texts)
         context = zmq.Context()
         try:
+            victim = context.socket(zmq.SUB)
+            victim.setsockopt(zmq.SUBSCRIBE, b"victim")
+            victim.connect(f"tcp://127.0.0.1:{server.port_out}")
             peer = context.socket(zmq.DEALER)
             peer.setsockopt(zmq.ROUTING_ID, b"peer/worker-0:1")
             peer.connect(f"tcp://127.0.0.1:{jobs_port}")
@@ -169,19 +174,29 @@ def test_malformed_internal_messages_on_an_open_worker_port_are_dropped(tiny_mod
             results.connect(f"tcp://127.0.0.1:{jobs_port + 1}")
             peer.send_multipart([b"READY", json.dumps({"pid": 1, "host": "peer", "remote": True}).encode()])
             for frames in ([b"HEARTBEAT", b'{"histograms": [], "tokens": {}, "passes": 1}'], [b"HEARTBEAT", b"[1]"],
-                           [b"DROPPED", b"not a number"], [b"READY", b"{"], [b"JOB"], [b"WHAT"], [b"\xff" * 300]):
+                           [b"HEARTBEAT", b'{"histograms": 5, "tokens": {}, "passes": 1, "truncated": 0}'],
+                           [b"DROPPED"], [b"DROPPED", b"not a number"], [b"READY", b"{"], [b"JOB"], [b"WHAT"],
+                           [b"\xff" * 300]):
                 peer.send_multipart(frames)
-            for frames in ([b"PART", b"{}", b"\x00" * 8], [b"PART", b'{"seq": 1, "shape": [9]}', b""], [b"DONE"],
-                           [b"REGISTER", b"x", b"[]"], [b"FORGET", b"x"], [b"PUBLISH"], [b"\x00"]):
+            for frames in ([b"PART", b"{}", b"\x00" * 8], [b"PART", b'{"seq": 1, "shape": [9]}', b""],
+                           [b"PART", b"not json", b"\x00" * 8],
+                           [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [2, 1], "dtype": "object"}',
+                            b"\x00" * 8],
+                           [b"PUBLISH", b"victim", b'{"error": "forged"}', b"", b"1"], [b"FORGET", b"1", b"x", b""],
+                           [b"DONE"], [b"REGISTER", b"x", b"[]"], [b"PUBLISH"], [b"\x00"]):
                 results.send_multipart(frames)
             time.sleep(1.0)
+            assert not victim.poll(500), "a peer on the worker port published to a client"
         finally:
             context.destroy(linger=0)
         with server.client() as client:
             np.testing.assert_allclose(client.encode(texts), expected, rtol=1e-4, atol=1e-5)
             status = client.server_status
         assert status["worker_restarts"] == 0 and server.process.poll() is None
-    assert "dropped a message from" in server.log and "malformed HEARTBEAT" in server.log
+    log = server.log
+    for words in ("malformed HEARTBEAT", "malformed DROPPED", "malformed PART", "sent a malformed message",
+                  "dropped a Publish message from a worker, which it may not send"):
+        assert words in log, words
 
 
 def test_keygen_keeps_an_existing_pair(tmp_path):
