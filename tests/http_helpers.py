@@ -70,6 +70,14 @@ def running_gateway(port, port_out, tmp_path, *flags):
             assert code == 0, f"the gateway exited with {code} after SIGTERM:\n{gateway.log}"
 
 
+def status_code(url):
+    """GET `url`'s status, or None while nothing listens there yet."""
+    try:
+        return httpx.get(url, timeout=5).status_code
+    except httpx.ConnectError:
+        return None
+
+
 def _wait_alive(gateway):
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:

@@ -148,22 +148,13 @@ def test_hostile_requests_and_worker_port_messages_kill_nothing(tiny_model, tmp_
 def test_hostile_http_bodies_get_4xx_never_5xx(tiny_model, tmp_path):
     import httpx
 
-    from conftest import free_port
+    from conftest import free_port, wait_for
+    from http_helpers import status_code
 
     http_port = free_port()
     with running_server(tiny_model, "--num-worker", "1", "--http-port", str(http_port), tmp_path=tmp_path) as server:
         url = f"http://127.0.0.1:{http_port}"
-
-        def status_code(path):
-            try:
-                return httpx.get(url + path, timeout=5).status_code
-            except httpx.ConnectError:
-                return None
-
-        deadline = time.monotonic() + 60
-        while status_code("/ready") != 200:
-            assert time.monotonic() < deadline, server.log
-            time.sleep(0.2)
+        wait_for(lambda: status_code(url + "/ready") == 200, timeout=60)
         model = httpx.get(url + "/v1/models", timeout=5).json()["data"][0]["id"]
         stop_at = time.monotonic() + FUZZ_SECONDS
         bodies = st.one_of(

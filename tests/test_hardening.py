@@ -19,7 +19,7 @@ import zmq
 from encoder_server.supervisor import RUN_DIR_PREFIX
 
 from conftest import free_port, group_alive, random_texts, running_server, wait_for
-from http_helpers import running_gateway
+from http_helpers import running_gateway, status_code
 
 pytestmark = pytest.mark.timeout(300)
 API_KEY = "sk-hardening"
@@ -31,16 +31,6 @@ def peak_rss_mb(pid):
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise AssertionError(f"no VmHWM for {pid}")
-
-
-def status_code(url):
-    """GET `url`'s status, or None while nothing listens there yet."""
-    import httpx
-
-    try:
-        return httpx.get(url, timeout=5).status_code
-    except httpx.ConnectError:
-        return None
 
 
 def raw_sockets(server, identity):
