@@ -76,8 +76,7 @@ class Supervisor:
         self.addresses = None
         self.ventilator = None
         self.sink = None
-        self.gateway = None
-        self.exporter = None     # --metrics-port
+        self.helpers = {}        # name -> Process: the gateway and the metrics exporter, when asked for
         self.pool = None
         self.events = None       # our end of the pipe to the ventilator
         self.core_deaths = []    # when the ventilator or the sink died, lately
@@ -110,8 +109,9 @@ class Supervisor:
         endpoints = WorkerEndpoints(self.addresses.backend, self.addresses.sink, curve)
         self.pool = WorkerPool(self.spawn, self.settings, endpoints, self.settings.num_worker)
         self.start_ventilator()
-        self.start_gateway()
-        self.start_exporter()
+        for name, (port_setting, _) in HELPERS.items():
+            if getattr(self.settings, port_setting):
+                self.start_helper(name)
 
     def start_sink(self):
         self.sink = start_process(self.spawn, run_sink, "sink", self.settings, self.addresses)
@@ -126,20 +126,15 @@ class Supervisor:
         theirs.close()
         log.info("ventilator started (pid %d)", self.ventilator.pid)
 
-    def start_gateway(self):
-        if self.settings.http_port:
-            self.gateway = start_process(self.spawn, run_gateway, "gateway", self.settings)
-
-    def start_exporter(self):
-        if self.settings.metrics_port:
-            self.exporter = start_process(self.spawn, run_metrics_exporter, "metrics", self.settings)
+    def start_helper(self, name):
+        self.helpers[name] = start_process(self.spawn, HELPERS[name][1], name, self.settings)
 
     def watch(self):
-        """Keep workers and the gateway running until a stop signal, or until the ventilator or
+        """Keep workers and the helpers running until a stop signal, or until the ventilator or
         sink exits; True if that exit was a failure."""
         while not self.stop_requested.is_set():
             wait([self.ventilator.sentinel, self.sink.sentinel, self.events, *self.pool.sentinels,
-                  *(helper.sentinel for helper in (self.gateway, self.exporter) if helper)], timeout=WATCH_INTERVAL)
+                  *(helper.sentinel for helper in self.helpers.values())], timeout=WATCH_INTERVAL)
             try:
                 while self.events.poll():
                     self.pool.kill(self.events.recv().pid)  # messages.WorkerSilent
@@ -151,12 +146,10 @@ class Supervisor:
                 if core.exitcode is not None and not self.restart_core(core):
                     return True
             self.pool.restart_exited(lambda pid, exitcode: self.tell_ventilator(WorkerExited(pid, exitcode)))
-            if self.gateway is not None and self.gateway.exitcode is not None:
-                log.error("the HTTP gateway exited with code %s; restarting it", self.gateway.exitcode)
-                self.start_gateway()
-            if self.exporter is not None and self.exporter.exitcode is not None:
-                log.error("the metrics exporter exited with code %s; restarting it", self.exporter.exitcode)
-                self.start_exporter()
+            for name, helper in list(self.helpers.items()):
+                if helper.exitcode is not None:
+                    log.error("the %s process exited with code %s; restarting it", name, helper.exitcode)
+                    self.start_helper(name)
         log.info("stop requested; letting in-flight requests finish")
         return False
 
@@ -185,16 +178,15 @@ class Supervisor:
             pass  # the ventilator is gone; watch() restarts it
 
     def stop_children(self):
-        for helper in (self.gateway, self.exporter):
-            if helper is not None:
-                ask_to_stop(helper)  # the gateway finishes its HTTP requests while the ventilator drains
+        for helper in self.helpers.values():
+            ask_to_stop(helper)  # the gateway finishes its HTTP requests while the ventilator drains
         if self.ventilator is not None:
             stop_process(self.ventilator, self.settings.drain_timeout + STOP_TIMEOUT)
         if self.sink is not None:
             ask_to_stop(self.sink)
         if self.pool is not None:
             self.pool.stop()
-        for child in (self.sink, self.gateway, self.exporter):
+        for child in (self.sink, *self.helpers.values()):
             if child is not None:
                 stop_process(child)
         if self.events is not None:
@@ -218,3 +210,7 @@ def run_metrics_exporter(settings):
     from .metrics_exporter import serve_metrics
 
     serve_metrics(settings)
+
+
+# the processes that serve the server over HTTP: name -> (the setting that asks for it, its target)
+HELPERS = {"gateway": ("http_port", run_gateway), "metrics": ("metrics_port", run_metrics_exporter)}
