@@ -1,4 +1,8 @@
 """Input checks shared by the client and the server, so both reject the same things."""
+import functools
+import re
+import sys
+import unicodedata
 
 
 def check_texts(texts, is_tokenized=False):
@@ -20,9 +24,8 @@ def looks_tokenized(texts):
 def _check_text(index, text):
     if not isinstance(text, str):
         raise TypeError(f"texts[{index}] must be a str, got {type(text).__name__}")
-    if not text.strip():
-        raise ValueError(f"texts[{index}] is empty or whitespace-only")
     check_unicode(text, f"texts[{index}]")
+    check_not_blank(text, f"texts[{index}]")
 
 
 def check_unicode(text, where):
@@ -36,6 +39,26 @@ def check_unicode(text, where):
                              f"{error.start}, which is not valid Unicode") from None
 
 
+def check_not_blank(text, where):
+    """ValueError if `text` is empty or holds only whitespace, control or format characters (NUL,
+    zero-width spaces and the like): tokenizers drop them all, so it would encode as an empty text."""
+    head = text.lstrip()[:1]
+    if head and unicodedata.category(head)[0] not in "CZ":  # the usual case, decided by one character
+        return
+    if _invisible().fullmatch(text):
+        raise ValueError(f"{where} is empty or whitespace-only (control and zero-width characters count as "
+                         f"whitespace)")
+
+
+@functools.cache
+def _invisible():
+    """A pattern for a run of characters that carry no text: whitespace, Cc, Cf, Zs, Zl and Zp."""
+    chars = (chr(code) for code in range(sys.maxunicode + 1))
+    invisible = "".join(re.escape(char) for char in chars
+                        if char.isspace() or unicodedata.category(char) in ("Cc", "Cf", "Zs", "Zl", "Zp"))
+    return re.compile(f"[{invisible}]*")
+
+
 def _check_words(index, words):
     if not isinstance(words, list):
         raise TypeError(f"texts[{index}] must be a list of str when is_tokenized=True, "
@@ -45,6 +68,5 @@ def _check_words(index, words):
     for position, word in enumerate(words):
         if not isinstance(word, str):
             raise TypeError(f"texts[{index}][{position}] must be a str, got {type(word).__name__}")
-        if not word.strip():
-            raise ValueError(f"texts[{index}][{position}] is an empty or whitespace-only word")
         check_unicode(word, f"texts[{index}][{position}]")
+        check_not_blank(word, f"texts[{index}][{position}]")

@@ -116,6 +116,12 @@ def test_models_are_listed_and_unknown_models_are_not_found(sdk, model_id):
     ({"input": ""}, "input", "empty"),
     ({"input": []}, "input", "empty list"),
     ({"input": ["ok", "  "]}, "input", "input[1]"),
+    ({"input": ["ok", "\u200b\x00\ufeff"]}, "input", "input[1] is empty or whitespace-only"),
+    ({"input": "a", "dimensions": True}, "dimensions", "integer"),
+    ({"input": "a", "dimensions": "16"}, "dimensions", "integer"),
+    ({"input": "a", "dimensions": 16.0}, "dimensions", "integer"),
+    ({"input": "a", "dimensions": 10**30}, "dimensions", "between 1 and 32"),
+    ({"input": "a", "dimensions": -1}, "dimensions", "between 1 and 32"),
     ({"input": "a", "encoding_format": "hex"}, "encoding_format", "encoding_format"),
 ])
 def test_bad_embedding_requests_get_openai_errors(gateway, model_id, body, param, words):

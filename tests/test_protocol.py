@@ -223,10 +223,20 @@ def test_check_texts_empty_list():
         check_texts([], is_tokenized=True)
 
 
-@pytest.mark.parametrize("texts, index", [(["a", "b", ""], 2), (["   "], 0), (["a", "\t\n "], 1)])
+@pytest.mark.parametrize("texts, index", [(["a", "b", ""], 2), (["   "], 0), (["a", "\t\n "], 1), (["\x00"], 0),
+                                          (["ok", "\u200b\u200c\u200d\ufeff"], 1), (["\x00 \u2028\x7f\u00ad"], 0),
+                                          (["\U000e0020\U000e007f"], 0)])
 def test_check_texts_empty_or_whitespace(texts, index):
-    with pytest.raises(ValueError, match=rf"texts\[{index}\]"):
+    """Control and zero-width characters alone are refused like an empty text: tokenizers drop them."""
+    with pytest.raises(ValueError, match=rf"texts\[{index}\] is empty or whitespace-only"):
         check_texts(texts)
+    with pytest.raises(ValueError, match=rf"texts\[{index}\]\[1\] is empty or whitespace-only"):
+        check_texts([["word"]] * index + [["word", texts[index]]], is_tokenized=True)
+
+
+@pytest.mark.parametrize("text", ["a\u200b", "\u200bz", "\x00 \u00e9", "\ue000", "\t\n\u3000\u4e00", "\u200d\U0001f600"])
+def test_check_texts_takes_any_visible_character(text):
+    check_texts([text])
 
 
 @pytest.mark.parametrize("texts, is_tokenized, where", [

@@ -3,9 +3,9 @@ import base64
 from typing import Any, Literal, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictInt
 
-from encoder_client.validation import check_unicode
+from encoder_client.validation import check_not_blank, check_unicode
 
 from .errors import GatewayError
 
@@ -18,7 +18,7 @@ class EmbeddingRequest(BaseModel):
     input: Any
     model: str
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Optional[int] = None
+    dimensions: Optional[StrictInt] = None  # not true, "64" or 64.0
     user: Optional[str] = None  # accepted and ignored, as the API allows
     # ours, as sentence-transformers names them (extra_body in the openai SDK)
     prompt: Optional[str] = None
@@ -45,10 +45,9 @@ def texts_from_input(value):
         where = "input" if isinstance(value, str) else f"input[{index}]"
         if not isinstance(text, str):
             raise _bad_input(f"{where} must be a string, got {type(text).__name__}")
-        if not text.strip():
-            raise _bad_input(f"{where} is an empty or whitespace-only string")
         try:
             check_unicode(text, where)
+            check_not_blank(text, where)
         except ValueError as error:
             raise _bad_input(str(error)) from None
     return texts
