@@ -5,7 +5,8 @@ A client's SUB subscription reaches the sink some milliseconds after it connects
 moment it connects, so the sink holds replies for identities nobody subscribes to yet, for up to
 `hold_seconds`, and publishes them once a matching subscription arrives. A reply whose reader's
 queue is full is held too, for `slow_seconds`, and tried again. Held replies are capped in bytes;
-the oldest go first.
+the soonest to expire go first. Held replies are indexed by identity and by deadline, so a
+flood of replies nobody reads costs each of them a constant, not a rescan of all the others.
 
 The sink's XPUB is in manual mode: it applies only the subscriptions it accepts. A SUB socket's
 topic is a prefix (an empty one would receive every client's embeddings), so a topic is refused
@@ -15,6 +16,8 @@ clients' default) never overlap; an attacker's prefix can only make a victim's s
 (its client times out connecting), never read its replies.
 """
 import bisect
+import heapq
+import itertools
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -22,13 +25,15 @@ from dataclasses import dataclass
 from encoder_client.protocol import MAX_IDENTITY_BYTES
 
 
-@dataclass
+@dataclass(eq=False)
 class Held:
     deadline: float
     identity: bytes
     frames: list
     size: int
     slow: bool = False  # held because the reader's queue was full, not because nobody listened
+    done: bool = False  # released or evicted: the indexes skip it
+    timed: bool = False  # in the deadline heap
 
 
 def topic_change(message):
@@ -52,7 +57,11 @@ class Subscriptions:
         self._asked = Counter()
         self._accepted = set()
         self._sorted = []          # the accepted topics, sorted, to find those a new one prefixes
-        self._held = deque()
+        self._held = {}           # identity -> its held replies, in arrival order
+        self._deadlines = []      # heap of (deadline, arrival, Held)
+        self._arrival = itertools.count()
+        self._to_release = set()  # identities that listen and have held replies
+        self._held_count = 0
         self._held_bytes = 0
 
     def update(self, message, owned=True):
@@ -73,6 +82,8 @@ class Subscriptions:
             return None
         self._accepted.add(topic)
         bisect.insort(self._sorted, topic)
+        if topic in self._held:
+            self._to_release.add(topic)
         return change
 
     def _forget_one(self, topic):
@@ -105,20 +116,48 @@ class Subscriptions:
 
     def keep(self, held):
         """Hold a reply again, keeping its deadline."""
-        self._held.append(held)
+        held.done = False
+        self._held.setdefault(held.identity, deque()).append(held)
+        if not held.timed:
+            held.timed = True
+            heapq.heappush(self._deadlines, (held.deadline, next(self._arrival), held))
+        self._held_count += 1
         self._held_bytes += held.size
-        while self._held_bytes > self.max_held_bytes and len(self._held) > 1:
-            self._held_bytes -= self._held.popleft().size
-            self.evicted += 1
+        if self.is_listening(held.identity):
+            self._to_release.add(held.identity)
+        while self._held_bytes > self.max_held_bytes and self._held_count > 1:
+            evicted = self._soonest_due()
+            if evicted is not None:
+                self._take(evicted)
+                self.evicted += 1
 
     def releasable(self, now=None):
-        """Held replies whose reader now listens, or whose wait has run out, in arrival order."""
-        if not self._held:
-            return []
+        """Held replies whose reader now listens (in arrival order), then those whose wait has run out."""
         now = now or time.monotonic()
-        ready, waiting = [], deque()
-        for held in self._held:
-            (ready if now >= held.deadline or self.is_listening(held.identity) else waiting).append(held)
-        self._held = waiting
-        self._held_bytes -= sum(held.size for held in ready)
+        ready = []
+        for identity in self._to_release:
+            if self.is_listening(identity):
+                ready.extend(self._take(held) for held in self._held.pop(identity, ()) if not held.done)
+        self._to_release.clear()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            held = self._soonest_due()
+            if held is not None:
+                ready.append(self._take(held))
         return ready
+
+    def _soonest_due(self):
+        """Pop the heap's first entry: its Held, or None when that one was released already."""
+        held = heapq.heappop(self._deadlines)[2]
+        held.timed = False
+        return None if held.done else held
+
+    def _take(self, held):
+        held.done = True
+        self._held_count -= 1
+        self._held_bytes -= held.size
+        waiting = self._held.get(held.identity)
+        while waiting and waiting[0].done:
+            waiting.popleft()
+        if waiting is not None and not waiting:
+            del self._held[held.identity]
+        return held

@@ -82,3 +82,32 @@ def test_a_refused_subscribers_departure_leaves_the_owner_listening():
     assert subs.update(b"\x00ali") == (False, b"ali")             # the eavesdropper goes
     assert subs.is_listening(b"alice")
     assert subs.update(b"\x00alice") and not subs.is_listening(b"alice")  # alice goes
+
+
+def test_a_reply_kept_again_keeps_its_deadline_and_is_released_once():
+    """The sink takes a slow reader's replies each turn and keeps those its reader still has no room for."""
+    subs = Subscriptions(hold_seconds=5, slow_seconds=30)
+    subs.update(b"\x01slow")
+    subs.hold(b"slow", [b"first"], now=100.0, slow=True)
+    subs.hold(b"slow", [b"second"], now=101.0, slow=True)
+    for turn in range(3):
+        released = subs.releasable(now=102.0 + turn)
+        assert [held.frames for held in released] == [[b"first"], [b"second"]]
+        for held in released:
+            subs.keep(held)
+    assert [held.frames for held in subs.releasable(now=131.0)] == [[b"first"], [b"second"]]
+    assert subs.releasable(now=200.0) == []
+
+
+def test_many_held_replies_are_released_by_identity_and_by_deadline():
+    subs = Subscriptions(hold_seconds=5)
+    for number in range(20_000):
+        subs.hold(b"nobody-%d" % number, [b"reply"], now=100.0 + number / 10_000)
+    subs.hold(b"reader", [b"one"], now=100.5)
+    subs.hold(b"reader", [b"two"], now=100.6)
+    subs.update(b"\x01reader")
+    assert [held.frames for held in subs.releasable(now=101.0)] == [[b"one"], [b"two"]]
+    expired = subs.releasable(now=106.0)
+    assert len(expired) == 10_001 and {held.identity for held in expired} == {b"nobody-%d" % n for n in range(10_001)}
+    assert len(subs.releasable(now=108.0)) == 9_999
+    assert subs.releasable(now=200.0) == []
