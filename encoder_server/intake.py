@@ -3,6 +3,7 @@
 Anything wrong raises ProtocolError with a message for the client.
 """
 import ipaddress
+import re
 from dataclasses import dataclass
 
 from encoder_client.protocol import TOO_LARGE, ProtocolError, decode_texts
@@ -24,6 +25,8 @@ class EncodeRequest:
 
 
 def parse_encode(request, show_tokens_allowed, max_texts=None):
+    if max_texts is not None:
+        _check_lists(request, max_texts)
     texts = decode_texts(request)
     if max_texts is not None and isinstance(texts, list) and len(texts) > max_texts:
         raise ProtocolError(f"{len(texts)} texts in one request is above the server's limit of {max_texts} "
@@ -38,6 +41,37 @@ def parse_encode(request, show_tokens_allowed, max_texts=None):
                             request.identity, request.req_id)
     return EncodeRequest(request.identity, request.req_id, texts, is_tokenized,
                          _with_tokens(request, show_tokens_allowed), _timeout(request), _model_options(request))
+
+
+def _check_lists(request, max_texts):
+    """Refuse, before parsing, a payload with more JSON lists and objects than any admissible
+    request has (the outer list, and one word list per text): parsing millions of them, as in
+    `[[],[],...]`, once held the ventilator for 15 s and took 3.9 GB. The brackets are counted
+    fast, and counted again outside strings only when there seem to be too many."""
+    limit = max_texts + 1
+    if request.payload.count(b"[") + request.payload.count(b"{") <= limit:
+        return
+    structure = _JSON_STRING.sub(b"", request.payload)
+    nested = structure.count(b"[") + structure.count(b"{")
+    if nested > limit:
+        raise ProtocolError(f"payload holds {nested} JSON lists or objects; a request has at most {limit} (the "
+                            "list of texts, and one word list per text)", request.identity, request.req_id,
+                            TOO_LARGE)
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def check_result_size(request, settings):
+    """ProtocolError (too_large) when the float32 result of `request` could pass --max-result-mb:
+    the server would have to hold it, and its client to read it, in one piece."""
+    rows_per_text = settings.truncate_at if settings.pooling.token_level else 1
+    size = len(request.texts) * rows_per_text * settings.embedding_dim * 4
+    if size > settings.max_result_mb << 20:
+        per_text = "texts at up to %d tokens each" % rows_per_text if rows_per_text > 1 else "texts"
+        raise ProtocolError(f"the result of {len(request.texts)} {per_text} could take {size / 2**20:.0f} MB, "
+                            f"above the server's limit of {settings.max_result_mb} MB (--max-result-mb); split "
+                            "the request", request.identity, request.req_id, TOO_LARGE)
 
 
 def model_choices(request, settings):

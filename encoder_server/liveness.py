@@ -4,7 +4,8 @@ The ZeroMQ Guide's Paranoid Pirate (its ppqueue.py keeps the same books in Worke
 worker says READY when it connects, then sends a heartbeat every `interval`, and the ventilator
 sends one back at the same rate. A worker is lost when it has been silent for `liveness`
 intervals, when the supervisor reports that it exited, when it cannot be reached, or when it says
-READY again (it lost touch with us and connected anew). Each loss says which worker, why, and
+READY again (it lost touch with us and connected anew: its jobs go to others, but do not count
+as having crashed it). Silence while the ventilator itself was stalled does not count. Each loss says which worker, why, and
 its pid when the local supervisor runs it; the ventilator then gives its jobs to others, and has
 the supervisor kill a local worker that fell silent, since it may still be running.
 """
@@ -20,6 +21,7 @@ class Loss:
     why: str
     pid: int = None       # set for a worker that the local supervisor runs
     kill: bool = False    # it may still be running: have the supervisor kill it
+    crashed: bool = True  # False when the same process connected again: no sign its jobs harm workers
 
 
 class Liveness:
@@ -34,7 +36,7 @@ class Liveness:
 
     def ready(self, worker, info, now):
         """A worker said READY (info: messages.Ready); returns the loss of its old self, if any."""
-        losses = [self._lose(worker, "connected again")] if worker in self._heard else []
+        losses = [self._lose(worker, "connected again", crashed=False)] if worker in self._heard else []
         self._heard[worker] = now
         if not info.remote and info.host == self.hostname:
             self._pids[worker] = info.pid
@@ -52,6 +54,12 @@ class Liveness:
         cutoff = now - self.silence
         return [self._lose(worker, "stopped sending heartbeats", kill=True)
                 for worker, heard in list(self._heard.items()) if heard < cutoff]
+
+    def stalled(self, seconds):
+        """The ventilator itself did not run for `seconds` (a long parse, a swapping host): the
+        silence of its workers over that time says nothing about them, so it does not count."""
+        for worker in self._heard:
+            self._heard[worker] += seconds
 
     def exited(self, pid, exitcode):
         """The supervisor saw local process `pid` exit (and restarts it)."""
@@ -80,6 +88,6 @@ class Liveness:
     def __len__(self):
         return len(self._heard)
 
-    def _lose(self, worker, why, kill=False):
+    def _lose(self, worker, why, kill=False, crashed=True):
         self._heard.pop(worker, None)
-        return Loss(worker, why, self._pids.pop(worker, None), kill)
+        return Loss(worker, why, self._pids.pop(worker, None), kill, crashed)

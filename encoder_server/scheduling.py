@@ -224,10 +224,10 @@ class Dispatcher:
     def add_worker(self, worker):
         self._workers.setdefault(worker, _WorkerLoad())
 
-    def remove_worker(self, worker):
+    def remove_worker(self, worker, crashed=True):
         """Forget a dead worker and queue its unfinished jobs again, at the front. Returns
-        (jobs queued again, jobs that have now been on MAX_ATTEMPTS dead workers): the caller
-        fails the latter's requests."""
+        (jobs queued again, jobs that have now been on MAX_ATTEMPTS crashed workers): the caller
+        fails the latter's requests. `crashed`: False when the worker only lost touch."""
         if self._workers.pop(worker, None) is None:
             return [], []
         lost = [job for owner, job in self._assigned.values() if owner == worker]
@@ -237,7 +237,7 @@ class Dispatcher:
             if job.seq not in self._requests:
                 self._deaths.pop(job.job_id, None)
                 continue
-            self._deaths[job.job_id] += 1
+            self._deaths[job.job_id] += crashed
             if self._deaths[job.job_id] >= MAX_ATTEMPTS:
                 self._deaths.pop(job.job_id)
                 poisoned.insert(0, job)

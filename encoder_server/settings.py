@@ -94,6 +94,9 @@ class Settings:
                                     minimum=1)
     max_request_mb: int = choice(128, SCHEDULING, "the largest request message accepted; a larger one drops its "
                                                   "connection", minimum=1)
+    max_result_mb: int = choice(512, SCHEDULING, "the largest result a request may ask for, counted at its "
+                                                 "longest (every text at --max-seq-len under token-level "
+                                                 "pooling); a larger request is refused at once", minimum=1)
 
     host: str = choice("127.0.0.1", NETWORK, "address to bind; 0.0.0.0 opens the ports to all")
     port: int = choice(5555, NETWORK, "port for requests")

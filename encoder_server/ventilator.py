@@ -22,8 +22,8 @@ from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, PROTOCOL_VERSION
 from encoder_client.status import Requests, ServerStatus, Texts
 
 from . import __version__, messages
-from .intake import is_loopback, model_choices, parse_encode
-from .liveness import Liveness
+from .intake import check_result_size, is_loopback, model_choices, parse_encode
+from .liveness import HEARTBEAT_INTERVAL, Liveness
 from .metrics import Metrics
 from .ownership import Owners
 from .runtime import POLL_MS, make_socket, start_child, user_id
@@ -40,7 +40,7 @@ class Ventilator:
                                      settings.prefetch_size, first_job_id=_random_start())
         self.liveness = Liveness(socket.gethostname())
         self.next_seq = _random_start()
-        self.started = time.monotonic()
+        self.started = self.last_turn = time.monotonic()
         self.counters = Counter()
         self.metrics = Metrics()
         self.draining = False
@@ -74,6 +74,7 @@ class Ventilator:
                     self.log.warning("gave up waiting for %d in-flight requests",
                                      self.dispatcher.in_flight_requests)
                     break
+            poller.register(self.frontend, 0 if len(self.unsent) >= UNSENT_LIMIT else zmq.POLLIN)
             events = dict(poller.poll(POLL_MS))
             if self.frontend in events:
                 self.on_client(self.frontend.recv_multipart(copy=False))
@@ -123,6 +124,7 @@ class Ventilator:
             self.reply_error(request.identity, request.req_id, "the server is shutting down", DRAINING)
         else:
             encode = parse_encode(request, self.settings.show_tokens_to_client, self.settings.max_pending_texts)
+            check_result_size(encode, self.settings)
             self.admit(encode, model_choices(encode, self.settings))
 
     def on_command(self, request, peer):
@@ -223,6 +225,11 @@ class Ventilator:
     def keep_workers(self):
         """Drop the workers that fell silent, and send the others their heartbeat when it is due."""
         now = time.monotonic()
+        stalled = now - self.last_turn - POLL_MS / 1000  # beyond the longest poll: this loop was busy
+        if stalled > HEARTBEAT_INTERVAL:
+            self.log.warning("this loop stalled for %.1fs; workers' silence over that time does not count", stalled)
+            self.liveness.stalled(stalled)
+        self.last_turn = now
         self.lose(self.liveness.silent(now))
         for worker in self.liveness.beat_due(now):
             try:
@@ -256,7 +263,7 @@ class Ventilator:
     def lose(self, losses):
         """Drop lost workers; their jobs go to others, and a job on its second dead worker fails its request."""
         for loss in losses:
-            requeued, poisoned = self.dispatcher.remove_worker(loss.worker)
+            requeued, poisoned = self.dispatcher.remove_worker(loss.worker, loss.crashed)
             self.counters["jobs_redispatched"] += len(requeued)
             self.log.warning("%s %s; %d of its unfinished jobs go to other workers",
                              loss.worker.decode(errors="replace"), loss.why, len(requeued))
@@ -295,12 +302,9 @@ class Ventilator:
             self.log.info("draining: %d requests in flight", self.dispatcher.in_flight_requests)
 
     def send_to_sink(self, frames):
-        """Send now, or keep it (in order, up to UNSENT_LIMIT) while the sink is not taking any: a
-        restarting sink, or one that fell behind, must not cost a client its only reply."""
-        if len(self.unsent) >= UNSENT_LIMIT:
-            self.counters["replies_dropped"] += 1
-            self.log.error("the sink is not keeping up; dropped a %s message", frames[0].decode())
-            return
+        """Send now, or keep it, in order, while the sink is not taking any: a restarting sink, or
+        one that fell behind, must not cost a client its only reply. Past UNSENT_LIMIT kept
+        messages, the loop stops reading requests until the sink catches up."""
         self.unsent.append(frames)
         self.flush_to_sink()
 
@@ -350,7 +354,7 @@ class Ventilator:
         )
 
 
-UNSENT_LIMIT = 100_000
+UNSENT_LIMIT = 10_000  # messages kept for the sink; past it, clients wait (their send times out) instead
 
 
 def _random_start():

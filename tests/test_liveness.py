@@ -50,7 +50,7 @@ def test_an_exit_reported_by_the_supervisor_loses_that_worker_and_counts_a_resta
 def test_ready_again_is_the_loss_of_the_old_connection():
     liveness = books((b"w1", 11, False))
     (loss,) = liveness.ready(b"w1", Ready(11, HOST), 3.0)
-    assert loss.worker == b"w1" and "again" in loss.why and not loss.kill
+    assert loss.worker == b"w1" and "again" in loss.why and not loss.kill and not loss.crashed
     assert len(liveness) == 1 and liveness.heard(b"w1", 4.0)
 
 
@@ -65,3 +65,12 @@ def test_heartbeats_are_due_once_per_interval():
     assert sorted(liveness.beat_due(0.0)) == [b"w1", b"w2"]
     assert liveness.beat_due(0.5) == []
     assert sorted(liveness.beat_due(1.0)) == [b"w1", b"w2"]
+
+
+def test_silence_while_the_ventilator_itself_stalled_does_not_count():
+    """A 15 s parse once held the ventilator's loop: on its next turn every worker looked silent."""
+    liveness = books((b"w1", 11, False), (b"w2", 12, False))
+    liveness.heard(b"w1", 1.0)
+    liveness.stalled(14.0)
+    assert liveness.silent(15.5) == [] and len(liveness) == 2
+    assert [loss.worker for loss in liveness.silent(19.5)] == [b"w2"]  # 0 + 14 + 5: silent after all

@@ -10,7 +10,8 @@ from encoder_client.protocol import (ProtocolError, Request, decode_reply, decod
                                      encode_data, encode_error, encode_request, encode_result)
 from encoder_client.request import prepare_encode
 from encoder_client.validation import check_texts, looks_tokenized
-from encoder_server.intake import is_loopback, parse_encode
+from encoder_server.intake import check_result_size, is_loopback, parse_encode
+from encoder_server.settings import Settings
 
 
 def wire(frames):
@@ -397,6 +398,21 @@ def test_parse_errors_say_bad_request_and_too_many_texts_say_too_large():
     with pytest.raises(ProtocolError) as large:
         parse_encode(request_for(["a", "b", "c"]), show_tokens_allowed=False, max_texts=2)
     assert large.value.code == "too_large"
+
+
+@pytest.mark.parametrize("strategy, texts, refused", [("mean", 300_000, False), ("mean", 400_000, True),
+                                                     ("none", 1_000, False), ("none", 2_000, True)])
+def test_a_result_above_max_result_mb_is_refused_at_admission(strategy, texts, refused):
+    """384 floats per row: a mean-pooled row is 1.5 KB, a token-level text up to 256 rows (384 KB)."""
+    settings = Settings(pooling_strategy=strategy, pooling_layer=(-1,), hidden_size=384, truncate_at=256,
+                        max_result_mb=512)
+    request = parse_encode(request_for(["a"] * texts), show_tokens_allowed=False)
+    if not refused:
+        check_result_size(request, settings)
+        return
+    with pytest.raises(ProtocolError, match=rf"the result of {texts} .*above the server's limit of 512 MB") as error:
+        check_result_size(request, settings)
+    assert error.value.code == "too_large"
 
 
 def test_a_request_above_the_size_limit_is_refused_before_sending():

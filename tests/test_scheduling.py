@@ -325,6 +325,18 @@ def test_a_job_on_two_dead_workers_is_reported_as_poison():
     assert [j.job_id for j in poisoned] == [job.job_id] and requeued == []
 
 
+def test_a_worker_that_only_lost_touch_does_not_make_its_jobs_poison():
+    d = _dispatcher_with_two_workers()
+    d.submit(1, b"A", texts(2), NOW)
+    (worker, job), *_ = d.assignments(NOW)
+    for _ in range(3):
+        d.remove_worker(worker, crashed=False)  # it connected again: same process, same name
+        d.add_worker(worker)
+        (worker, again), *_ = [(w, j) for w, j in d.assignments(NOW) if j.job_id == job.job_id]
+    requeued, poisoned = d.remove_worker(worker)
+    assert poisoned == [] and [j.job_id for j in requeued] == [job.job_id]
+
+
 def test_cancel_drops_queued_jobs_and_frees_the_pending_texts():
     d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=1)
     d.add_worker(b"w1")
