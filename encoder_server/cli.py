@@ -11,7 +11,7 @@ import time
 from . import __version__
 from .model_folder import ConfigError
 from .runtime import LOG_FORMAT_VARIABLE
-from .settings import CHOICES, GATEWAY_TIMEOUT
+from .settings import CHOICES, GATEWAY_TIMEOUT, HTTP_LIMITS
 
 
 
@@ -62,10 +62,11 @@ def _start_choices(args):
 
 def http(args):
     from .gateway import serve_http
+    from .settings import http_limits
 
     return serve_http(args.http_host, args.http_port, args.connect, args.port, args.port_out,
                       server_key=args.server_key, client_key=args.client_key, api_key=args.api_key,
-                      verbose=args.verbose, timeout=args.timeout)
+                      verbose=args.verbose, timeout=args.timeout, limits=http_limits(args))
 
 
 def worker(args):
@@ -166,6 +167,8 @@ def _parser():
     gateway.add_argument("--api-key", default=os.environ.get(env_name("api_key")),
                          help=f"bearer key that embedding requests must carry (or {env_name('api_key')}, which "
                               "`ps` does not show)")
+    for name in HTTP_LIMITS:
+        _add_choice(gateway, name)
     gateway.add_argument("--verbose", action="store_true", help="debug logging")
     _add_choice(gateway, "log_format")
 

@@ -112,6 +112,16 @@ class Settings:
     metrics_port: int = choice(None, NETWORK, "serve Prometheus metrics on this port (GET /metrics), also "
                                               "without the HTTP gateway", port=True)
     api_key: str = choice(None, NETWORK, "bearer key that HTTP embedding requests must carry")
+    http_keep_alive: float = choice(5.0, NETWORK, "seconds the HTTP gateway keeps an idle connection open "
+                                                  "between requests", minimum=0)
+    http_header_timeout: float = choice(10.0, NETWORK, "seconds a new HTTP connection, or one between requests "
+                                                       "once it sends a byte, gets to send a complete request "
+                                                       "head; then it is closed", minimum=1)
+    http_body_timeout: float = choice(60.0, NETWORK, "seconds an HTTP request body gets to arrive in full; "
+                                                     "then 408 and the connection is closed", minimum=1)
+    http_max_connections: int = choice(1000, NETWORK, "open HTTP connections served at once; a request on "
+                                                       "one more gets 503 and its connection is closed",
+                                       minimum=1)
     verbose: bool = choice(False, None, "debug logging")
     log_format: str = choice("text", None, "log lines as text, or as one JSON object each", choices=("text", "json"))
 
@@ -157,6 +167,17 @@ class Settings:
 
 
 CHOICES = tuple(f for f in fields(Settings) if "help" in f.metadata)
+
+
+HTTP_LIMITS = ("http_keep_alive", "http_header_timeout", "http_body_timeout", "http_max_connections")
+
+
+def http_limits(values):
+    """The gateway's connection limits, by name, from `values` (Settings or the `http` command's
+    arguments), checked against their declared bounds (ConfigError)."""
+    limits = {name: getattr(values, name) for name in HTTP_LIMITS}
+    _check_bounds(Settings(**limits))
+    return limits
 
 
 def resolve(**choices):

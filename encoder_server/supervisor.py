@@ -197,12 +197,13 @@ def run_gateway(settings):
     """The built-in HTTP gateway: a client of this server's own ports (with its own CURVE key)."""
     from .gateway import serve_http
     from .runtime import STOP_SIGNAL, start_child
+    from .settings import http_limits
 
     start_child("gateway", settings.verbose)
     raise SystemExit(serve_http(settings.http_host or settings.host, settings.http_port, local_address(settings.host),
                                 settings.port, settings.port_out, server_key=settings.server_key,
                                 client_key=settings.server_key, api_key=settings.api_key, verbose=settings.verbose,
-                                stop_signals=(STOP_SIGNAL,)))
+                                limits=http_limits(settings), stop_signals=(STOP_SIGNAL,)))
 
 
 def run_metrics_exporter(settings):

@@ -272,6 +272,41 @@ def test_sizes_that_would_strand_jobs_are_refused(tmp_path, sizes, message):
         resolve(model=plain_folder(tmp_path), **sizes)
 
 
+@pytest.mark.parametrize("limit, value, message", [
+    ("http_keep_alive", -1, "--http-keep-alive must not be negative"),
+    ("http_header_timeout", 0, "--http-header-timeout must be at least 1"),
+    ("http_body_timeout", 0.5, "--http-body-timeout must be at least 1"),
+    ("http_max_connections", 0, "--http-max-connections must be at least 1"),
+])
+def test_http_limits_are_checked_for_start_and_for_http(tmp_path, capsys, monkeypatch, limit, value, message):
+    from encoder_server.cli import _parser, main
+    from encoder_server.runtime import LOG_FORMAT_VARIABLE
+    from encoder_server.settings import Settings, http_limits
+
+    monkeypatch.setenv(LOG_FORMAT_VARIABLE, "text")  # main() sets it: undone after the test
+
+    with pytest.raises(ConfigError, match=message):
+        resolve(model=plain_folder(tmp_path), **{limit: value})
+    args = _parser().parse_args(["http", "--" + limit.replace("_", "-"), str(value)])
+    with pytest.raises(ConfigError, match=message):
+        http_limits(args)
+    assert main(["http", "--http-port", "1", "--" + limit.replace("_", "-"), str(value)]) == 2  # before serving
+    assert message in capsys.readouterr().err
+    assert http_limits(Settings()) == {"http_keep_alive": 5.0, "http_header_timeout": 10.0,
+                                       "http_body_timeout": 60.0, "http_max_connections": 1000}
+
+
+def test_http_limits_come_from_the_environment_for_both_commands(monkeypatch):
+    from encoder_server.cli import _parser, env_name
+
+    monkeypatch.setenv(env_name("http_max_connections"), "64")
+    monkeypatch.setenv(env_name("http_body_timeout"), "2.5")
+    for command in ("start", "http"):
+        args = _parser().parse_args([command])
+        assert (args.http_max_connections, args.http_body_timeout, args.http_keep_alive) == (64, 2.5, 5.0)
+    assert _parser().parse_args(["http", "--http-max-connections", "8"]).http_max_connections == 8
+
+
 # ----- one source: Settings declares each choice, the CLI and SHOW_CONFIG follow -----
 
 def test_every_choice_is_a_start_option_with_the_declared_default():

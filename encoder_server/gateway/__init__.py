@@ -6,14 +6,17 @@ import threading
 
 import uvicorn
 
-from encoder_server.settings import GATEWAY_TIMEOUT
+from encoder_server.settings import GATEWAY_TIMEOUT, HTTP_LIMITS, Settings
 
 from .app import create_app
+from .connections import with_header_timeout
 
 
 def serve_http(http_host, http_port, server_host, port, port_out, *, server_key=None, client_key=None,
-               api_key=None, verbose=False, timeout=GATEWAY_TIMEOUT, stop_signals=(signal.SIGINT, signal.SIGTERM)):
-    """Serve the gateway with uvicorn until one of `stop_signals`; returns the exit code."""
+               api_key=None, verbose=False, timeout=GATEWAY_TIMEOUT, limits=None,
+               stop_signals=(signal.SIGINT, signal.SIGTERM)):
+    """Serve the gateway with uvicorn until one of `stop_signals`; returns the exit code. `limits`:
+    settings.HTTP_LIMITS by name, each missing one at its Settings default."""
     from prometheus_client import disable_created_metrics
 
     from encoder_client import AsyncEncoderClient
@@ -26,9 +29,15 @@ def serve_http(http_host, http_port, server_host, port, port_out, *, server_key=
         return AsyncEncoderClient(server_host, port, port_out, timeout=timeout, server_key=server_key,
                                   client_key=client_key)
 
-    config = uvicorn.Config(create_app(make_client, api_key=api_key), host=http_host, port=http_port,
-                            log_level="debug" if verbose else "info", access_log=True, log_config=None,
-                            timeout_graceful_shutdown=5)
+    limits = {**{name: getattr(Settings, name) for name in HTTP_LIMITS}, **(limits or {})}
+    app = create_app(make_client, api_key=api_key, body_timeout=limits["http_body_timeout"])
+    # uvicorn answers 503 once `limit_concurrency` connections are open counting the asking one: + 1
+    # serves --http-max-connections of them
+    config = uvicorn.Config(app, host=http_host, port=http_port, log_level="debug" if verbose else "info",
+                            access_log=True, log_config=None, timeout_graceful_shutdown=5,
+                            http=with_header_timeout(limits["http_header_timeout"]),
+                            timeout_keep_alive=limits["http_keep_alive"],
+                            limit_concurrency=limits["http_max_connections"] + 1)
     server = _Server(config, stop_signals)
     try:
         server.run()

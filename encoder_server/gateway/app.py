@@ -19,9 +19,10 @@ from .ops_routes import ops_router
 log = logging.getLogger("gateway")
 
 
-def create_app(client_or_factory, *, api_key=None):
+def create_app(client_or_factory, *, api_key=None, body_timeout=None):
     """The gateway app over an AsyncEncoderClient, or a callable that makes one (called once, at
-    start-up, inside the event loop). With `api_key`, /v1 and /encode need `Authorization: Bearer KEY`."""
+    start-up, inside the event loop). With `api_key`, /v1, /encode and /openapi.json need
+    `Authorization: Bearer KEY`; with `body_timeout`, a body that takes longer to arrive gets 408."""
     link = ServerLink(client_or_factory)
     metrics = GatewayMetrics(link)
 
@@ -44,7 +45,7 @@ def create_app(client_or_factory, *, api_key=None):
     app.include_router(bert_router(link))
     app.include_router(ops_router(link, metrics))
     install_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, limit=lambda: link.max_request_bytes)
+    app.add_middleware(BodyLimitMiddleware, limit=lambda: link.max_request_bytes, timeout=body_timeout)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)  # outside the body limit: before any read
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # the outermost: it counts the 413s too

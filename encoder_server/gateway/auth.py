@@ -8,7 +8,9 @@ from starlette.requests import Request
 
 from .errors import GatewayError, render
 
-PROTECTED = ("/v1/", "/encode")  # the embedding and model routes; /health, /ready and /metrics stay open
+# the embedding and model routes, and the API's schema; /health, /ready, /metrics, / and /status.json stay
+# open for probes, scrapers and the status page (its script cannot send the key); /docs and /redoc are off
+PROTECTED = ("/v1/", "/encode", "/openapi.json")
 
 
 class ApiKeyMiddleware:

@@ -1,15 +1,19 @@
 """A cap on HTTP request bodies: a body larger than the server would take is refused with 413 before
-it is parsed, and one that declares its size (Content-Length) before it is even read."""
+it is parsed, and one that declares its size (Content-Length) before it is even read; a body that has
+not arrived in full within `timeout` seconds of the request head gets 408 and its connection is closed."""
+import asyncio
+
 from starlette.requests import Request
 
 from .errors import GatewayError, render
 
 
 class BodyLimitMiddleware:
-    """ASGI middleware; `limit()` gives the largest body accepted, in bytes, at each request."""
+    """ASGI middleware; `limit()` gives the largest body accepted, in bytes, at each request, and
+    `timeout` the seconds the whole body may take to arrive (None: no deadline)."""
 
-    def __init__(self, app, limit):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit, timeout=None):
+        self.app, self.limit, self.timeout = app, limit, timeout
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -19,8 +23,13 @@ class BodyLimitMiddleware:
         if declared is not None and declared > limit:
             return await _refuse(scope, receive, send, declared, limit)
         chunks, size = [], 0
+        loop = asyncio.get_running_loop()
+        deadline = None if self.timeout is None else loop.time() + self.timeout
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), None if deadline is None else deadline - loop.time())
+            except asyncio.TimeoutError:
+                return await _too_slow(scope, receive, send, self.timeout)
             if message["type"] == "http.disconnect":
                 return  # the client left; nobody to answer
             chunk = message.get("body", b"")
@@ -55,6 +64,12 @@ def _replay(body, receive):
         return {"type": "http.request", "body": body, "more_body": False}
 
     return replay
+
+
+async def _too_slow(scope, receive, send, timeout):
+    error = GatewayError(408, f"the request body did not arrive in full within {timeout:g} s "
+                              "(--http-body-timeout)", code="request_timeout", headers={"Connection": "close"})
+    await render(Request(scope), error)(scope, receive, send)
 
 
 async def _refuse(scope, receive, send, size, limit, read_so_far=False):

@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from .stats import padding_efficiency
+from .status_view import by_worker_name
 
 HISTOGRAMS = {  # the server's histogram -> help text
     "queue_seconds": "Seconds a job waited from admission to the start of its forward pass",
@@ -86,7 +87,7 @@ def _gauges(status):
     yield _gauge("encoder_workers_expected", "Workers configured", status["workers_expected"])
     yield _gauge("encoder_workers_busy", "Workers holding at least one job", status["workers_busy"])
     per_worker = GaugeMetricFamily("encoder_worker_busy_texts", "Texts held by each worker", labels=["worker"])
-    for worker, texts in status["worker_busy_texts"].items():
+    for worker, texts in by_worker_name(status["worker_busy_texts"]).items():  # no pid: open route, stable series
         per_worker.add_metric([worker], texts)
     yield per_worker
     efficiency = padding_efficiency(status)

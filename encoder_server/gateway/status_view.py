@@ -1,4 +1,5 @@
-"""GET /status.json: the cached server status plus what the gateway derives from its samples."""
+"""GET /status.json: the cached server status plus what the gateway derives from its samples, with
+no process ids: the route stays open under --api-key, for the status page's script."""
 import time
 
 from .stats import padding_efficiency, quantile, rate, recent_histogram
@@ -18,7 +19,7 @@ def status_view(link):
         "age_s": None if link.polled_at is None else round(time.monotonic() - link.polled_at, 1),
         "model": link.model,
         "config": {key: link.config[key] for key in CONFIG_SHOWN if key in link.config},
-        "status": status,
+        "status": _without_pids(status),
         "throughput": {
             "texts_per_s": rate(samples, lambda s: s["texts"]["encoded"], THROUGHPUT_WINDOW_S),
             "requests_per_s": rate(samples, lambda s: s["requests"]["served"], THROUGHPUT_WINDOW_S),
@@ -27,6 +28,27 @@ def status_view(link):
                        for name in ("request_seconds", "queue_seconds", "inference_seconds")},
         "padding_efficiency": padding_efficiency(status),
     }
+
+
+PER_WORKER = ("worker_busy_texts", "worker_texts_encoded")
+
+
+def _without_pids(status):
+    if status is None:
+        return None
+    return {**status, **{field: by_worker_name(status[field]) for field in PER_WORKER if field in status}}
+
+
+def by_worker_name(per_worker):
+    """{worker: count} keyed by the worker's name alone: `worker-0` for `worker-0:4711`, `host/worker-1`
+    for a remote `host/worker-1:815`. Two processes of one name (a restarted worker whose
+    predecessor is still counted) are added together."""
+    merged = {}
+    for worker, count in per_worker.items():
+        name, colon, pid = worker.rpartition(":")
+        name = name if colon and pid.isdigit() else worker
+        merged[name] = merged.get(name, 0) + count
+    return merged
 
 
 def _quantiles_ms(samples, name):
