@@ -18,7 +18,7 @@ from .backends import prepare_model
 from .model_folder import ConfigError
 from .runtime import configure_logging, remote_worker_endpoints
 from .settings import resolve
-from .worker_pool import WorkerPool
+from .worker_pool import MAX_FAILED_STARTS, WorkerPool
 
 WATCH_INTERVAL = 0.5
 # the server's choices that decide what a worker computes and how it batches
@@ -43,9 +43,14 @@ def join_server(args):
         while not stop.is_set():
             wait(pool.sentinels, timeout=WATCH_INTERVAL)
             pool.restart_exited()
+            start_error = pool.cannot_start()
+            if start_error is not None:
+                log.error("workers cannot start (each failed %d times in a row); stopping: %s", MAX_FAILED_STARTS,
+                          start_error)
+                return 1
     finally:
         pool.stop()
-    logging.getLogger("remote").info("stopped")
+    log.info("stopped")
     return 0
 
 

@@ -6,7 +6,9 @@ ventilator learns of each exit through a pipe and re-dispatches the dead worker'
 the supervisor in turn of a worker that stopped sending heartbeats, which is then killed and so
 replaced. The ventilator and the sink hold every request's state: if one of them dies, it is
 started again on the same ports and the requests it held fail with the `restarted` code, which
-clients resend (`retries`); if they keep dying, the server stops with a non-zero exit. With
+clients resend (`retries`); if they keep dying, the server stops with a non-zero exit, as it does
+when every worker has failed to start MAX_FAILED_STARTS times in a row (the first error, one
+line, says why: a model file that cannot load). With
 --http-port it also runs the HTTP gateway, a client of its own ports, and with --metrics-port a
 Prometheus exporter, each restarted whenever it exits.
 
@@ -32,7 +34,7 @@ from .runtime import Addresses, WorkerEndpoints, local_address
 from .security import own_client_keys, workers_use_curve
 from .sink import run_sink
 from .ventilator import run_ventilator
-from .worker_pool import STOP_TIMEOUT, WorkerPool, ask_to_stop, start_process, stop_process
+from .worker_pool import MAX_FAILED_STARTS, STOP_TIMEOUT, WorkerPool, ask_to_stop, start_process, stop_process
 
 log = logging.getLogger("supervisor")
 WATCH_INTERVAL = 0.2
@@ -131,7 +133,7 @@ class Supervisor:
 
     def watch(self):
         """Keep workers and the helpers running until a stop signal, or until the ventilator or
-        sink exits; True if that exit was a failure."""
+        sink exits or no worker can start; True if that exit was a failure."""
         while not self.stop_requested.is_set():
             wait([self.ventilator.sentinel, self.sink.sentinel, self.events, *self.pool.sentinels,
                   *(helper.sentinel for helper in self.helpers.values())], timeout=WATCH_INTERVAL)
@@ -146,6 +148,11 @@ class Supervisor:
                 if core.exitcode is not None and not self.restart_core(core):
                     return True
             self.pool.restart_exited(lambda pid, exitcode: self.tell_ventilator(WorkerExited(pid, exitcode)))
+            start_error = self.pool.cannot_start()
+            if start_error is not None:
+                log.error("workers cannot start (each failed %d times in a row); stopping the server: %s",
+                          MAX_FAILED_STARTS, start_error)
+                return True
             for name, helper in list(self.helpers.items()):
                 if helper.exitcode is not None:
                     log.error("the %s process exited with code %s; restarting it", name, helper.exitcode)

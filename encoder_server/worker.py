@@ -186,10 +186,16 @@ class Worker:
         self.stop.set()
 
 
-def run_worker(settings, endpoints, index, remote=False):
+def run_worker(settings, endpoints, index, remote=False, started=None):
+    """`started`: a pipe end on which to say None once the model is loaded, or why it could not be."""
     name = f"{socket.gethostname()}/worker-{index}" if remote else f"worker-{index}"
     log, stop = start_child(name, settings.verbose)
-    worker = Worker(settings, endpoints, f"{name}:{os.getpid()}", log, stop, remote)
+    try:
+        worker = Worker(settings, endpoints, f"{name}:{os.getpid()}", log, stop, remote)
+    except Exception as error:
+        _report_start(started, " ".join(f"{type(error).__name__}: {error}".split()))
+        raise
+    _report_start(started, None)
     threads = [threading.Thread(target=worker.intake, name="intake", daemon=True),
                threading.Thread(target=worker.prefetch, name="prefetch", daemon=True),
                threading.Thread(target=worker.compute, args=(PRIORITY,), name="priority", daemon=True)]
@@ -206,3 +212,10 @@ def run_worker(settings, endpoints, index, remote=False):
     if worker.failed:
         raise SystemExit(1)
     log.info("stopped")
+
+
+def _report_start(started, error):
+    """Tell the WorkerPool that this worker serves (None) or why it cannot start (one line)."""
+    if started is not None:
+        started.send(error)
+        started.close()

@@ -2,7 +2,9 @@
 
 The cache key covers the model folder's content, every setting baked into the graph and the
 versions of the tools that built it, so a changed model or upgrade never reuses a stale file.
-Concurrent starts share one build through a file lock.
+Concurrent starts share one build through a file lock. Each build lists the sha256 of every file
+it wrote in CHECKSUMS; an entry whose files no longer match (a truncated copy, a full disk) or that
+has no such list is built again, with a warning, rather than handed to the workers.
 """
 import hashlib
 import json
@@ -20,6 +22,7 @@ from . import onnx_export
 log = logging.getLogger(__name__)
 FORMAT = 2  # 2: a pool_mask input, the model's head inside, no normalization
 CACHE_ENV = "ENCODER_SERVER_CACHE"
+CHECKSUMS = "checksums.json"  # file name -> sha256, beside model.onnx (and any external-data files)
 
 
 def cache_root():
@@ -45,18 +48,46 @@ def _cached(key, build):
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock", timeout=600):
         if target.exists():
-            log.info("using cached %s", target)
-            return target
+            damage = _damage(folder)
+            if damage is None:
+                log.info("using cached %s", target)
+                return target
+            log.warning("cached ONNX entry unusable: %s; building it again", damage)
         log.info("building %s (once; later starts reuse it)", target)
         shutil.rmtree(folder, ignore_errors=True)  # a build interrupted before it was complete
         staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".build-"))
         try:
             with _scratch_folder(staging / "scratch"):
                 build(staging / "model.onnx")
+            _write_checksums(staging)  # before the rename: a complete folder always has them
             staging.rename(folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _write_checksums(folder):
+    sums = {path.name: _sha256(path) for path in sorted(folder.iterdir()) if path.is_file()}
+    (folder / CHECKSUMS).write_text(json.dumps(sums, indent=1))
+
+
+def _damage(folder):
+    """Why a cached folder cannot be served, naming the file; None when every file matches its sha256."""
+    try:
+        sums = json.loads((folder / CHECKSUMS).read_text())
+    except FileNotFoundError:
+        return f"{folder / CHECKSUMS} is missing (built before checksums were kept)"
+    except ValueError:
+        return f"{folder / CHECKSUMS} is unreadable"
+    if not isinstance(sums, dict) or "model.onnx" not in sums:
+        return f"{folder / CHECKSUMS} does not list model.onnx"
+    for name, expected in sums.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if _sha256(path) != expected:
+            return f"{path} does not match its sha256 in {CHECKSUMS} (truncated or changed since it was built)"
+    return None
 
 
 @contextmanager
@@ -97,7 +128,16 @@ def _folder_digest(folder):
     for path in sorted(Path(folder).iterdir()):
         if path.is_file():
             digest.update(path.name.encode())
-            with open(path, "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
+            _feed(digest, path)
     return digest.hexdigest()
+
+
+def _sha256(path):
+    return _feed(hashlib.sha256(), path).hexdigest()
+
+
+def _feed(digest, path):
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest
