@@ -13,7 +13,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .errors import ConnectionLostError, ServerBusyError, reply_error
 from .keys import as_identity, curve_keys
-from .protocol import decode_reply, encode_request
+from .protocol import ReplyReader, encode_request
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
 from .sockets import AUTH_FAILED, break_monitors, client_socket
@@ -49,6 +49,7 @@ class AsyncEncoderClient:
         self._receiver.setsockopt(zmq.SUBSCRIBE, self.identity)
         self._monitors = break_monitors(self._sender, self._receiver)
         self._waiting = {}      # req_id -> future of its Reply
+        self._replies = ReplyReader()
         self._listeners = set()
         self._tasks = []
         self._max_request_bytes = None
@@ -171,7 +172,9 @@ class AsyncEncoderClient:
             frames = await self._receiver.recv_multipart()
             if frames[0] != self.identity:
                 continue  # SUB matches by prefix; we want our identity exactly
-            reply = decode_reply(frames)
+            reply = self._replies.read(frames)
+            if reply is None:
+                continue  # more of a streamed result is to come
             future = self._waiting.get(reply.req_id)
             if future is not None and not future.done():
                 future.set_result(reply)

@@ -13,7 +13,7 @@ from zmq.utils.monitor import recv_monitor_message
 from .errors import ConnectionLostError, ServerBusyError, reply_error
 from .keys import as_identity, curve_keys
 from .progress import PROGRESS_CHUNK, chunks, progress_bar
-from .protocol import decode_reply, encode_request
+from .protocol import ReplyReader, encode_request
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
 from .sockets import AUTH_FAILED, break_monitors, client_socket
@@ -47,6 +47,7 @@ class EncoderClient:
         self._receiver.setsockopt(zmq.SUBSCRIBE, self.identity)
         self._monitors = break_monitors(self._sender, self._receiver)
         self._pending = {}
+        self._replies = ReplyReader()
         self._arrived = {}
         self._lost = set()  # requests in flight when the connection broke
         self._max_request_bytes = None
@@ -278,8 +279,8 @@ class EncoderClient:
             frames = self._receiver.recv_multipart()
             if frames[0] != self.identity:
                 continue  # SUB matches by prefix; we want our identity exactly
-            reply = decode_reply(frames)
-            if listening or reply.req_id in self._pending:
+            reply = self._replies.read(frames)
+            if reply is not None and (listening or reply.req_id in self._pending):
                 return reply
 
     def _deadline(self):

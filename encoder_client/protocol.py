@@ -11,13 +11,22 @@ It keeps bert-as-service's frames so its published client works unchanged:
 - error: ``[identity, {"error": message, "code": code}, b"", req_id]``, where ``code`` (ours, may
   be absent) says what kind of refusal it is, one of ERROR_CODES;
 - reply to a command: ``[identity, json, req_id]``.
+
+Protocol 2 (clients that send ``"v": 2`` in their options): a result larger than CHUNK_BYTES
+comes as one result message per CHUNK_BYTES of its body, each header adding ``"offset"``, where
+its bytes go in the array (``tokens`` only in the first). A server's queue for a reader then
+holds messages of bounded size, and the client puts them back together (ReplyReader).
 """
 import json
+import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+STREAMED_SINCE = 2  # the protocol version from which clients take results in chunks
+CHUNK_BYTES = 128 << 10
 COMMANDS = (b"SHOW_CONFIG", b"SHOW_STATUS", b"TERMINATION")
 MAX_IDENTITY_BYTES = 256
 UNKNOWN_REQ_ID = -1
@@ -106,6 +115,19 @@ def encode_result(identity, req_id, array, tokens=None, num_tokens=None, truncat
             b"%d" % req_id]
 
 
+def result_messages(identity, req_id, array, tokens=None, num_tokens=None, truncated=0, streamed=False):
+    """The messages that carry one result: encode_result's one, or with `streamed`, one per
+    CHUNK_BYTES of the array (each a view of it, never a copy)."""
+    body = memoryview(np.ascontiguousarray(array)).cast("B")
+    if not streamed or len(body) <= CHUNK_BYTES:
+        return [encode_result(identity, req_id, array, tokens, num_tokens, truncated)]
+    header = {"dtype": str(array.dtype), "shape": list(array.shape), "num_tokens": num_tokens,
+              "truncated": truncated}
+    return [[identity, json.dumps({**header, "tokens": (tokens or "") if offset == 0 else "",
+                                   "offset": offset}).encode(), body[offset:offset + CHUNK_BYTES], b"%d" % req_id]
+            for offset in range(0, len(body), CHUNK_BYTES)]
+
+
 def encode_error(identity, req_id, message, code=None):
     body = {"error": message, **({"code": code} if code else {})}
     return [identity, json.dumps(body).encode(), b"", b"%d" % req_id]
@@ -116,15 +138,67 @@ def encode_data(identity, req_id, data):
 
 
 def decode_reply(frames):
+    """The Reply in one published message (a chunk of a streamed result: see ReplyReader)."""
+    return _reply(json.loads(frames[1]), frames)
+
+
+def _reply(header, frames):
     req_id = int(frames[-1])
-    header = json.loads(frames[1])
     if len(frames) == 3:
         return Reply(req_id, data=header)
     if "error" in header:
         return Reply(req_id, error=header["error"], code=header.get("code"))
-    array = np.frombuffer(frames[2], dtype=header["dtype"]).reshape(header["shape"])
+    return _result(req_id, header, frames[2])
+
+
+def _result(req_id, header, body):
+    array = np.frombuffer(body, dtype=header["dtype"]).reshape(header["shape"])
     return Reply(req_id, array=array, tokens=header.get("tokens") or None, num_tokens=header.get("num_tokens"),
                  truncated=header.get("truncated") or 0)
+
+
+class ReplyReader:
+    """Replies from published messages, a streamed result once its last chunk is in. Results
+    whose chunks stopped coming (their request timed out) are forgotten beyond `max_partial`."""
+
+    def __init__(self, max_partial=64):
+        self.max_partial = max_partial
+        self._partial = OrderedDict()  # req_id -> _Partial
+
+    def read(self, frames):
+        """The Reply that `frames` completes, or None while a streamed result is incomplete."""
+        header = json.loads(frames[1])
+        if len(frames) != 4 or "offset" not in header:
+            return _reply(header, frames)
+        req_id = int(frames[-1])
+        partial = self._partial.get(req_id)
+        if partial is None:
+            partial = self._partial[req_id] = _Partial(header)
+            while len(self._partial) > self.max_partial:
+                self._partial.popitem(last=False)
+        if not partial.add(header, frames[2]):
+            return None
+        del self._partial[req_id]
+        return _result(req_id, partial.header, partial.body)
+
+
+class _Partial:
+    def __init__(self, header):
+        self.header = header
+        self.body = bytearray(np.dtype(header["dtype"]).itemsize * math.prod(header["shape"]))
+        self.seen = set()
+        self.received = 0
+
+    def add(self, header, chunk):
+        """Place one chunk; True once every byte is in."""
+        offset = header["offset"]
+        if offset not in self.seen:
+            self.seen.add(offset)
+            self.body[offset:offset + len(chunk)] = chunk
+            self.received += len(chunk)
+            if offset == 0:
+                self.header = header  # the first chunk carries the tokens
+        return self.received >= len(self.body)
 
 
 def _parse_int(frame, name, identity, req_id=UNKNOWN_REQ_ID):

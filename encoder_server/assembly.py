@@ -23,6 +23,7 @@ class Completed:
     tokens: list = None
     num_tokens: int = 0
     truncated: int = 0
+    streamed: bool = False
 
 
 @dataclass
@@ -99,7 +100,8 @@ class Assembler:
         parts = [pending.parts[offset] for offset in sorted(pending.parts)]
         tokens = [t for _, part_tokens in parts for t in part_tokens] if registration.with_tokens else None
         return Completed(registration.identity, registration.req_id,
-                         concat_parts([array for array, _ in parts]), tokens, pending.num_tokens, pending.truncated)
+                         concat_parts([array for array, _ in parts]), tokens, pending.num_tokens, pending.truncated,
+                         registration.streamed)
 
     def _finish(self, seq):
         self._pending.pop(seq, None)

@@ -6,7 +6,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from encoder_client.protocol import TOO_LARGE, ProtocolError, decode_texts
+from encoder_client.protocol import STREAMED_SINCE, TOO_LARGE, ProtocolError, decode_texts
 from encoder_client.request import check_model_options
 from encoder_client.validation import check_texts, looks_tokenized
 
@@ -22,6 +22,7 @@ class EncodeRequest:
     with_tokens: bool
     timeout_s: float = None  # how long the client waits; work still queued after that is dropped
     options: dict = None     # what it asks of the model (encoder_client.request.MODEL_OPTIONS), checked
+    streamed: bool = False   # its client takes a large result in chunks (protocol 2)
 
 
 def parse_encode(request, show_tokens_allowed, max_texts=None):
@@ -40,7 +41,8 @@ def parse_encode(request, show_tokens_allowed, max_texts=None):
         raise ProtocolError(f"msg_len is {request.msg_len} but the payload holds {len(texts)} texts",
                             request.identity, request.req_id)
     return EncodeRequest(request.identity, request.req_id, texts, is_tokenized,
-                         _with_tokens(request, show_tokens_allowed), _timeout(request), _model_options(request))
+                         _with_tokens(request, show_tokens_allowed), _timeout(request), _model_options(request),
+                         _streamed(request))
 
 
 def _check_lists(request, max_texts):
@@ -110,6 +112,11 @@ def _timeout(request):
         raise ProtocolError(f"timeout_ms must be a number of milliseconds above 0 and at most {MAX_TIMEOUT_MS}, "
                             f"got {str(value)[:32]}", request.identity, request.req_id)
     return value / 1000
+
+
+def _streamed(request):
+    version = request.options.get("v")
+    return isinstance(version, int) and not isinstance(version, bool) and version >= STREAMED_SINCE
 
 
 def _flag(request, name, default):

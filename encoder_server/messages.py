@@ -222,6 +222,7 @@ class Registration:
     req_id: int
     rows: int
     with_tokens: bool = False
+    streamed: bool = False  # its client takes a large result in chunks
 
 
 @_kind(b"REGISTER")

@@ -13,7 +13,7 @@ import time
 
 import zmq
 
-from encoder_client.protocol import RESTARTED, encode_error, encode_result
+from encoder_client.protocol import RESTARTED, encode_error, result_messages
 
 from . import messages
 from .assembly import Assembler
@@ -124,8 +124,9 @@ class Sink:
 
     def publish_result(self, completed):
         if completed is not None:
-            self.deliver(completed.identity, encode_result(completed.identity, completed.req_id, completed.array,
-                                                           completed.tokens, completed.num_tokens, completed.truncated))
+            for frames in result_messages(completed.identity, completed.req_id, completed.array, completed.tokens,
+                                          completed.num_tokens, completed.truncated, completed.streamed):
+                self.deliver(completed.identity, frames)
 
     def deliver(self, identity, frames, held=None):
         """Publish now if someone listens and has room; otherwise hold the reply for later."""

@@ -151,7 +151,7 @@ class Ventilator:
                                              "retry later")
         seq = self.next_seq
         registration = messages.Registration(request.identity, request.req_id, len(request.texts),
-                                             request.with_tokens)
+                                             request.with_tokens, request.streamed)
         try:
             if self.unsent:
                 raise zmq.Again()  # the sink is not taking messages now

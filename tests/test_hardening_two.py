@@ -1,6 +1,8 @@
 """Second round of attacks on a running server (issue 17): bursts past every limit while the sink
 is stopped, floods of commands nobody reads, and results too large to hold. Real processes on
 loopback, bounded in count and time."""
+import asyncio
+import json
 import os
 import re
 import signal
@@ -12,10 +14,11 @@ import numpy as np
 import pytest
 import zmq
 
-from encoder_client import ServerError
+from encoder_client import AsyncEncoderClient, ServerError
 from encoder_client.protocol import BUSY, decode_reply
 
-from conftest import running_server
+from conftest import running_server, wait_for
+from test_hardening import peak_rss_mb
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -32,9 +35,10 @@ def raw_push(server, options):
     return push
 
 
-def raw_sub(server, identity):
+def raw_sub(server, identity, options=None):
     sub = zmq.Context.instance().socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
+    for option, value in {zmq.LINGER: 0, **(options or {})}.items():
+        sub.setsockopt(option, value)
     sub.setsockopt(zmq.SUBSCRIBE, identity)
     sub.connect(f"tcp://127.0.0.1:{server.port_out}")
     time.sleep(0.3)  # let the subscription reach the sink
@@ -161,3 +165,45 @@ def test_a_stalled_ventilator_loses_no_worker(tiny_model, tmp_path):
             status = client.server_status
         assert status["worker_restarts"] == 0 and status["workers_alive"] == 2, server.log
         assert "stopped sending heartbeats" not in server.log and "crash twice" not in server.log, server.log
+
+
+@pytest.fixture(scope="module")
+def token_level(tiny_model, tmp_path_factory):
+    with running_server(tiny_model, "--num-worker", "1", "--pooling-strategy", "none",
+                        tmp_path=tmp_path_factory.mktemp("token-level")) as server:
+        yield server
+
+
+LONG_TEXTS = [f"text number {i} " + "word " * 70 for i in range(1000)]  # each cut at 64 tokens: 8 KB of floats
+
+
+def test_a_large_result_is_streamed_and_put_back_together_by_both_clients(token_level):
+    with token_level.client() as client:
+        pieces = np.concatenate([client.encode(LONG_TEXTS[start:start + 10]) for start in range(0, 1000, 10)])
+        whole = client.encode(LONG_TEXTS)  # 8 MB: 64 chunks
+    assert whole.shape == (1000, 64, 32)
+    np.testing.assert_array_equal(whole, pieces)
+
+    async def encode_async():
+        async with AsyncEncoderClient("127.0.0.1", token_level.port, token_level.port_out, timeout=60) as client:
+            return await client.encode(LONG_TEXTS)
+
+    np.testing.assert_array_equal(asyncio.run(encode_async()), pieces)
+
+
+def test_a_reader_that_never_reads_holds_the_sink_to_a_bounded_size(token_level):
+    """100 results of 8 MB for a subscriber that never reads: the sink's queue for it is counted in
+    messages, so whole results once took it past 1.5 GB. Streamed in chunks of 128 KB, its queue
+    holds at most 1,000 of them, and what it cannot queue is held within the 256 MB cap."""
+    identity = b"never-reads"
+    # it queues next to nothing itself, so what it does not read stays with the sink
+    sub = raw_sub(token_level, identity, {zmq.RCVHWM: 1, zmq.RCVBUF: 64 << 10})
+    push = raw_push(token_level, {zmq.SNDHWM: 0})
+    payload = json.dumps(LONG_TEXTS).encode()
+    for req_id in range(100):
+        push.send_multipart([identity, payload, b"%d" % req_id, b"1000", b'{"v": 2}'])
+    with token_level.client() as client:
+        wait_for(lambda: client.server_status["requests_served"] >= 100, timeout=180)
+    peak = peak_rss_mb(sink_pid(token_level))
+    assert peak < 600, f"the sink peaked at {peak:.0f} MB for 800 MB of results nobody read"
+    sub.close()

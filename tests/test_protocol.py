@@ -48,7 +48,7 @@ def test_request_round_trip_with_options():
     request = decode_request(wire(frames))
     assert request.options["is_tokenized"] is True
     assert request.options["show_tokens"] is False
-    assert request.options["v"] == 1
+    assert request.options["v"] == 2
     assert decode_texts(request) == [["a", "b"], ["c"]]
 
 
@@ -429,3 +429,34 @@ def test_parse_encode_reads_the_timeout_and_limits_the_size():
             parse_encode(request_for(["a"], options={"timeout_ms": bad}), show_tokens_allowed=False)
     with pytest.raises(ProtocolError, match="3 texts in one request is above the server's limit of 2"):
         parse_encode(request_for(["a", "b", "c"]), show_tokens_allowed=False, max_texts=2)
+
+
+def test_a_large_result_is_streamed_in_chunks_that_a_reader_puts_back_together():
+    from encoder_client.protocol import CHUNK_BYTES, ReplyReader, result_messages
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((300, 64, 8)).astype(np.float32)  # 600 KB: 5 chunks
+    tokens = [["[CLS]", "a", "[SEP]"]] * 300
+    messages = result_messages(b"c", 7, big, tokens, num_tokens=900, truncated=2, streamed=True)
+    assert len(messages) == -(-big.nbytes // CHUNK_BYTES) and all(len(m[2]) <= CHUNK_BYTES for m in messages)
+    assert all(json.loads(m[1])["tokens"] == "" for m in messages[1:])  # the tokens travel once
+    small = rng.standard_normal((4, 8)).astype(np.float32)
+    assert len(result_messages(b"c", 8, small, streamed=True)) == 1
+    assert len(result_messages(b"c", 9, big, streamed=False)) == 1  # protocol 1 clients: bert-serving-client
+    reader = ReplyReader()
+    other = result_messages(b"c", 10, big[::-1].copy(), streamed=True)
+    order = [messages[3], other[0], messages[0], messages[4], messages[1], other[1], messages[1], messages[2]]
+    replies = [reader.read(wire(frames)) for frames in order]
+    assert replies[:-1] == [None] * 7
+    done = replies[-1]
+    assert (done.req_id, done.num_tokens, done.truncated, done.tokens) == (7, 900, 2, tokens)
+    np.testing.assert_array_equal(done.array, big)
+    assert reader.read(wire(result_messages(b"c", 8, small, streamed=True)[0])).array.shape == (4, 8)
+
+
+def test_a_reader_forgets_results_whose_chunks_stopped_coming():
+    from encoder_client.protocol import ReplyReader, result_messages
+    reader = ReplyReader(max_partial=2)
+    big = np.ones((300, 1024), dtype=np.float32)
+    for req_id in range(3):
+        assert reader.read(wire(result_messages(b"c", req_id, big, streamed=True)[0])) is None
+    assert sorted(reader._partial) == [1, 2]
