@@ -165,7 +165,8 @@ def test_an_idle_kept_alive_connection_is_closed_after_the_keep_alive_timeout(ga
     connection.getresponse().read()
     time.sleep(keep_alive / 4)
     connection.request("GET", "/health")  # still open a moment later
-    assert connection.getresponse().status == 200
+    response = connection.getresponse()
+    assert response.status == 200 and response.read() == b'{"alive":true}'
     start = time.monotonic()
     received, elapsed = closed_within(connection.sock, start, keep_alive + SLACK)
     assert received == b"" and elapsed >= keep_alive / 2, (received, elapsed)
