@@ -58,9 +58,10 @@ class Sink:
             if self.control in events:
                 self.on_message(self.control.recv_multipart(copy=False), "the ventilator",
                                 (messages.Register, messages.Publish, messages.Forget, messages.Reset))
-            for held in self.subscriptions.releasable():
-                if self.subscriptions.is_listening(held.identity):
-                    self.deliver(held.identity, held.frames, held)
+            for held in self.subscriptions.release(lambda held: self.send(held.identity, held.frames)):
+                if self.subscriptions.is_listening(held.identity) and not self.send(held.identity, held.frames):
+                    self.log.error("dropped a reply for %r: its reader did not read it within %.0fs", held.identity,
+                                   self.subscriptions.slow_seconds if held.slow else self.subscriptions.hold_seconds)
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + CHECK_INTERVAL
                 for seq in self.assembler.abandoned(self.subscriptions.is_listening, ABANDON_AFTER):
@@ -128,24 +129,23 @@ class Sink:
                                           completed.num_tokens, completed.truncated, completed.streamed):
                 self.deliver(completed.identity, frames)
 
-    def deliver(self, identity, frames, held=None):
+    def deliver(self, identity, frames):
         """Publish now if someone listens and has room; otherwise hold the reply for later."""
         if not self.subscriptions.is_listening(identity):
             self.subscriptions.hold(identity, frames)
-            return
+        elif not self.send(identity, frames):
+            self.subscriptions.hold(identity, frames, slow=True)
+            if time.monotonic() > self.quiet_until:
+                self.quiet_until = time.monotonic() + 10
+                self.log.warning("the reader of %r is not keeping up; holding its replies", identity)
+
+    def send(self, identity, frames):
+        """Publish without waiting; False when a reader of `identity` has no room (XPUB_NODROP)."""
         try:
             self.publish.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
-        except zmq.Again:  # a reader's queue is full
-            if held is None or not held.slow:
-                self.subscriptions.hold(identity, frames, slow=True)
-                if time.monotonic() > self.quiet_until:
-                    self.quiet_until = time.monotonic() + 10
-                    self.log.warning("the reader of %r is not keeping up; holding its replies", identity)
-            elif time.monotonic() < held.deadline:
-                self.subscriptions.keep(held)
-            else:
-                self.log.error("dropped a reply for %r: its reader has not read for %.0fs", identity,
-                               self.subscriptions.slow_seconds)
+            return True
+        except zmq.Again:
+            return False
 
     def close(self):
         for sock in (self.collect, self.control, self.publish, self.feedback):

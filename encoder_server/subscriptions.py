@@ -32,8 +32,7 @@ class Held:
     frames: list
     size: int
     slow: bool = False  # held because the reader's queue was full, not because nobody listened
-    done: bool = False  # released or evicted: the indexes skip it
-    timed: bool = False  # in the deadline heap
+    done: bool = False  # published, expired or evicted: the indexes skip it
 
 
 def topic_change(message):
@@ -60,7 +59,7 @@ class Subscriptions:
         self._held = {}           # identity -> its held replies, in arrival order
         self._deadlines = []      # heap of (deadline, arrival, Held)
         self._arrival = itertools.count()
-        self._to_release = set()  # identities that listen and have held replies
+        self._to_release = set()  # identities that listen and have held replies to offer
         self._held_count = 0
         self._held_bytes = 0
 
@@ -111,45 +110,37 @@ class Subscriptions:
     def hold(self, identity, frames, now=None, slow=False):
         """Keep a reply for later: until its reader listens (or for slow_seconds when `slow`)."""
         now = now or time.monotonic()
-        self.keep(Held(now + (self.slow_seconds if slow else self.hold_seconds), identity, frames,
-                       sum(len(frame) for frame in frames), slow))
-
-    def keep(self, held):
-        """Hold a reply again, keeping its deadline."""
-        held.done = False
-        self._held.setdefault(held.identity, deque()).append(held)
-        if not held.timed:
-            held.timed = True
-            heapq.heappush(self._deadlines, (held.deadline, next(self._arrival), held))
+        held = Held(now + (self.slow_seconds if slow else self.hold_seconds), identity, frames,
+                    sum(len(frame) for frame in frames), slow)
+        self._held.setdefault(identity, deque()).append(held)
+        heapq.heappush(self._deadlines, (held.deadline, next(self._arrival), held))
         self._held_count += 1
         self._held_bytes += held.size
-        if self.is_listening(held.identity):
-            self._to_release.add(held.identity)
+        if self.is_listening(identity):
+            self._to_release.add(identity)
         while self._held_bytes > self.max_held_bytes and self._held_count > 1:
-            evicted = self._soonest_due()
-            if evicted is not None:
+            evicted = heapq.heappop(self._deadlines)[2]
+            if not evicted.done:
                 self._take(evicted)
                 self.evicted += 1
 
-    def releasable(self, now=None):
-        """Held replies whose reader now listens (in arrival order), then those whose wait has run out."""
+    def release(self, publish, now=None):
+        """Offer held replies to `publish(held)`, which says whether it went out: each listening
+        identity's in arrival order, up to the first its reader has no room for (offered again next
+        time). Returns the replies whose wait has run out, let go."""
+        for identity in list(self._to_release):
+            waiting = self._held.get(identity, ())
+            while waiting and self.is_listening(identity) and publish(waiting[0]):
+                self._take(waiting[0])
+            if not waiting or not self.is_listening(identity):
+                self._to_release.discard(identity)
         now = now or time.monotonic()
-        ready = []
-        for identity in self._to_release:
-            if self.is_listening(identity):
-                ready.extend(self._take(held) for held in self._held.pop(identity, ()) if not held.done)
-        self._to_release.clear()
+        expired = []
         while self._deadlines and self._deadlines[0][0] <= now:
-            held = self._soonest_due()
-            if held is not None:
-                ready.append(self._take(held))
-        return ready
-
-    def _soonest_due(self):
-        """Pop the heap's first entry: its Held, or None when that one was released already."""
-        held = heapq.heappop(self._deadlines)[2]
-        held.timed = False
-        return None if held.done else held
+            held = heapq.heappop(self._deadlines)[2]
+            if not held.done:
+                expired.append(self._take(held))
+        return expired
 
     def _take(self, held):
         held.done = True

@@ -169,7 +169,7 @@ def test_a_stalled_ventilator_loses_no_worker(tiny_model, tmp_path):
 
 @pytest.fixture(scope="module")
 def token_level(tiny_model, tmp_path_factory):
-    with running_server(tiny_model, "--num-worker", "1", "--pooling-strategy", "none",
+    with running_server(tiny_model, "--num-worker", "2", "--pooling-strategy", "none",
                         tmp_path=tmp_path_factory.mktemp("token-level")) as server:
         yield server
 
@@ -200,10 +200,11 @@ def test_a_reader_that_never_reads_holds_the_sink_to_a_bounded_size(token_level)
     sub = raw_sub(token_level, identity, {zmq.RCVHWM: 1, zmq.RCVBUF: 64 << 10})
     push = raw_push(token_level, {zmq.SNDHWM: 0})
     payload = json.dumps(LONG_TEXTS).encode()
-    for req_id in range(100):
-        push.send_multipart([identity, payload, b"%d" % req_id, b"1000", b'{"v": 2}'])
     with token_level.client() as client:
-        wait_for(lambda: client.server_status["requests_served"] >= 100, timeout=180)
+        served = client.server_status["requests_served"]
+        for req_id in range(100):
+            push.send_multipart([identity, payload, b"%d" % req_id, b"1000", b'{"v": 2}'])
+        wait_for(lambda: client.server_status["requests_served"] >= served + 100, timeout=180)
     peak = peak_rss_mb(sink_pid(token_level))
     assert peak < 600, f"the sink peaked at {peak:.0f} MB for 800 MB of results nobody read"
     sub.close()

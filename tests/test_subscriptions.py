@@ -1,23 +1,33 @@
 from encoder_server.subscriptions import Subscriptions
 
 
+def published_to(sent, room=None):
+    """A publish callback that records what it sends, with room for `room` replies (None: any)."""
+    def publish(held):
+        if room is not None and len(sent) >= room:
+            return False
+        sent.append(held.frames)
+        return True
+    return publish
+
+
 def test_reply_is_held_until_its_reader_subscribes():
-    subs = Subscriptions(hold_seconds=5)
+    subs, sent = Subscriptions(hold_seconds=5), []
     assert not subs.is_listening(b"client-1")
     subs.hold(b"client-1", ["reply-1"], now=100.0)
     subs.hold(b"client-2", ["reply-2"], now=100.0)
-    assert subs.releasable(now=101.0) == []
+    assert subs.release(published_to(sent), now=101.0) == [] and sent == []
     subs.update(b"\x01client-1")
     assert subs.is_listening(b"client-1")
-    assert [held.frames for held in subs.releasable(now=101.0)] == [["reply-1"]]
-    assert subs.releasable(now=101.0) == []
+    assert subs.release(published_to(sent), now=101.0) == [] and sent == [["reply-1"]]
+    assert subs.release(published_to(sent), now=101.0) == [] and sent == [["reply-1"]]
 
 
 def test_held_reply_is_let_go_after_the_wait():
-    subs = Subscriptions(hold_seconds=5)
+    subs, sent = Subscriptions(hold_seconds=5), []
     subs.hold(b"gone", ["reply"], now=100.0)
-    assert subs.releasable(now=104.9) == []
-    assert [held.frames for held in subs.releasable(now=105.0)] == [["reply"]]
+    assert subs.release(published_to(sent), now=104.9) == []
+    assert [held.frames for held in subs.release(published_to(sent), now=105.0)] == [["reply"]] and sent == []
 
 
 def test_subscriptions_are_counted_per_subscriber():
@@ -35,17 +45,18 @@ def test_subscriptions_are_counted_per_subscriber():
 
 def test_slow_reader_gets_a_longer_wait():
     subs = Subscriptions(hold_seconds=5, slow_seconds=30)
+    subs.update(b"\x01slow")
     subs.hold(b"slow", [b"reply"], now=100.0, slow=True)
-    assert subs.releasable(now=129.0) == []
-    assert [held.slow for held in subs.releasable(now=130.0)] == [True]
+    assert subs.release(published_to([], room=0), now=129.0) == []
+    assert [held.slow for held in subs.release(published_to([], room=0), now=130.0)] == [True]
 
 
-def test_held_replies_are_capped_in_bytes_oldest_first():
+def test_held_replies_are_capped_in_bytes_soonest_due_first():
     subs = Subscriptions(max_held_bytes=10)
     for name in (b"a", b"b", b"c"):
         subs.hold(name, [b"12345"], now=100.0)
     assert subs.evicted == 1
-    assert [held.identity for held in subs.releasable(now=200.0)] == [b"b", b"c"]
+    assert [held.identity for held in subs.release(published_to([]), now=200.0)] == [b"b", b"c"]
 
 
 def test_only_topics_that_overlap_no_accepted_topic_are_accepted():
@@ -84,19 +95,27 @@ def test_a_refused_subscribers_departure_leaves_the_owner_listening():
     assert subs.update(b"\x00alice") and not subs.is_listening(b"alice")  # alice goes
 
 
-def test_a_reply_kept_again_keeps_its_deadline_and_is_released_once():
-    """The sink takes a slow reader's replies each turn and keeps those its reader still has no room for."""
+def test_a_slow_readers_replies_are_offered_in_order_up_to_the_first_it_has_no_room_for():
+    """Each turn costs one refused send per slow reader, not one per reply it has held."""
     subs = Subscriptions(hold_seconds=5, slow_seconds=30)
     subs.update(b"\x01slow")
-    subs.hold(b"slow", [b"first"], now=100.0, slow=True)
-    subs.hold(b"slow", [b"second"], now=101.0, slow=True)
+    for number in range(1000):
+        subs.hold(b"slow", [b"%d" % number], now=100.0 + number / 1000, slow=True)
+    offered = []
+
+    def full(held):
+        offered.append(held.frames)
+        return False
+
     for turn in range(3):
-        released = subs.releasable(now=102.0 + turn)
-        assert [held.frames for held in released] == [[b"first"], [b"second"]]
-        for held in released:
-            subs.keep(held)
-    assert [held.frames for held in subs.releasable(now=131.0)] == [[b"first"], [b"second"]]
-    assert subs.releasable(now=200.0) == []
+        assert subs.release(full, now=102.0 + turn) == []
+    assert offered == [[b"0"]] * 3
+    sent = []
+    assert subs.release(published_to(sent, room=400), now=105.0) == [] and sent == [[b"%d" % n] for n in range(400)]
+    expired = subs.release(published_to([], room=0), now=130.5)
+    assert [held.frames for held in expired] == [[b"%d" % n] for n in range(400, 501)]
+    assert len(subs.release(published_to([], room=0), now=200.0)) == 499
+    assert subs.release(published_to(sent), now=300.0) == [] and len(sent) == 400
 
 
 def test_many_held_replies_are_released_by_identity_and_by_deadline():
@@ -106,8 +125,9 @@ def test_many_held_replies_are_released_by_identity_and_by_deadline():
     subs.hold(b"reader", [b"one"], now=100.5)
     subs.hold(b"reader", [b"two"], now=100.6)
     subs.update(b"\x01reader")
-    assert [held.frames for held in subs.releasable(now=101.0)] == [[b"one"], [b"two"]]
-    expired = subs.releasable(now=106.0)
+    sent = []
+    assert subs.release(published_to(sent), now=101.0) == [] and sent == [[b"one"], [b"two"]]
+    expired = subs.release(published_to(sent), now=106.0)
     assert len(expired) == 10_001 and {held.identity for held in expired} == {b"nobody-%d" % n for n in range(10_001)}
-    assert len(subs.releasable(now=108.0)) == 9_999
-    assert subs.releasable(now=200.0) == []
+    assert len(subs.release(published_to(sent), now=108.0)) == 9_999
+    assert subs.release(published_to(sent), now=200.0) == [] and len(sent) == 2
