@@ -81,6 +81,14 @@ def local_address(host):
     return "127.0.0.1" if host in ("0.0.0.0", "::", "*") else host
 
 
+def peer_address(frame):
+    """The address a received frame's sender connected from (None for ipc, or when unknown)."""
+    try:
+        return frame.get("Peer-Address")
+    except zmq.ZMQError:
+        return None
+
+
 def user_id(frame):
     """The CURVE client key (its ZAP user id) a received frame came with; None without CURVE."""
     try:

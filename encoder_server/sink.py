@@ -10,6 +10,7 @@ Publishing never blocks and never drops silently: a reply whose reader's queue i
 and tried again (XPUB_NODROP), and given up only after the reader stayed stuck for a long while.
 """
 import time
+from collections import Counter
 
 import zmq
 
@@ -18,13 +19,14 @@ from encoder_client.protocol import RESTARTED, encode_error, result_messages
 from . import messages
 from .assembly import Assembler
 from .ownership import Owners
-from .runtime import POLL_MS, make_socket, start_child, user_id
+from .runtime import POLL_MS, make_socket, peer_address, start_child, user_id
 from .security import curve_for, workers_use_curve
 from .subscriptions import Subscriptions, topic_change
 
 ABANDON_AFTER = 15.0
 CHECK_INTERVAL = 1.0
 PUBLISH_HWM = 1000  # replies queued per subscriber
+WARN_EVERY = 10
 
 
 class Sink:
@@ -33,7 +35,7 @@ class Sink:
         self.assembler = Assembler()
         self.subscriptions = Subscriptions()
         self.owners = Owners()  # under CURVE, the client key each identity belongs to
-        self.quiet_until = 0.0  # rate limit for the slow-reader warning
+        self.quiet_until = Counter()  # warning kind -> when it may be logged again (a flood must not flood the log)
         context = zmq.Context.instance()
         curve, self.authenticator = curve_for(context, settings)
         self.collect = make_socket(context, zmq.PULL, bind=addresses.results_binds,
@@ -73,11 +75,14 @@ class Sink:
         CURVE, belongs to the subscriber's key; refuse it otherwise."""
         message = frame.bytes
         change = topic_change(message)
-        change = self.subscriptions.update(message, change is None or self.owners.claim(change[1], user_id(frame)))
+        key = user_id(frame)
+        change = self.subscriptions.update(message, change is None or self.owners.claim(change[1], key),
+                                           key or peer_address(frame))
         if change is None:
-            if message[:1] == b"\x01":
-                self.log.warning("refused a subscription to %r: only exact client identities, each to its own key",
-                                 message[1:33])
+            if message[:1] == b"\x01" and self.may_warn("refused"):
+                self.log.warning("refused a subscription to %r: only exact client identities, each to its own key, "
+                                 "at most %d per peer (one such line per %ds)", message[1:33],
+                                 self.subscriptions.max_topics_per_peer, WARN_EVERY)
             return
         subscribe, topic = change
         self.publish.setsockopt(zmq.SUBSCRIBE if subscribe else zmq.UNSUBSCRIBE, topic)
@@ -135,8 +140,7 @@ class Sink:
             self.subscriptions.hold(identity, frames)
         elif not self.send(identity, frames):
             self.subscriptions.hold(identity, frames, slow=True)
-            if time.monotonic() > self.quiet_until:
-                self.quiet_until = time.monotonic() + 10
+            if self.may_warn("slow"):
                 self.log.warning("the reader of %r is not keeping up; holding its replies", identity)
 
     def send(self, identity, frames):
@@ -146,6 +150,14 @@ class Sink:
             return True
         except zmq.Again:
             return False
+
+    def may_warn(self, kind):
+        """True at most once per WARN_EVERY seconds for each kind of warning."""
+        now = time.monotonic()
+        if now < self.quiet_until[kind]:
+            return False
+        self.quiet_until[kind] = now + WARN_EVERY
+        return True
 
     def close(self):
         for sock in (self.collect, self.control, self.publish, self.feedback):

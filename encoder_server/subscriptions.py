@@ -13,7 +13,9 @@ topic is a prefix (an empty one would receive every client's embeddings), so a t
 when it is empty, or when it is a prefix of an accepted topic or has one as its prefix: every
 reply then reaches the subscribers of its exact identity and no one else. Random identities (the
 clients' default) never overlap; an attacker's prefix can only make a victim's subscription fail
-(its client times out connecting), never read its replies.
+(its client times out connecting), never read its replies. Accepted topics are capped in total
+and per peer (its CURVE key, else its address), so a flood of topics from one peer leaves room
+for the others.
 """
 import bisect
 import heapq
@@ -44,18 +46,21 @@ def topic_change(message):
 
 
 class Subscriptions:
-    def __init__(self, hold_seconds=5.0, slow_seconds=30.0, max_held_bytes=256 << 20, max_topics=10_000):
+    def __init__(self, hold_seconds=5.0, slow_seconds=30.0, max_held_bytes=256 << 20, max_topics=100_000,
+                 max_topics_per_peer=10_000):
         self.hold_seconds = hold_seconds
         self.slow_seconds = slow_seconds
         self.max_held_bytes = max_held_bytes
         self.evicted = 0
         self.max_topics = max_topics
+        self.max_topics_per_peer = max_topics_per_peer
         # XPUB reports every subscription a peer asks for, and when a peer goes, an unsubscription
-        # for each of them, applied or refused alike: so count what was asked (`_asked`), and keep
-        # apart the topics applied to the socket (`_accepted`), which listen until none is asked
-        self._asked = Counter()
-        self._accepted = set()
+        # for each of them, applied or refused alike: so an accepted topic counts its subscriptions,
+        # refused ones too (a second subscriber of an identity), and listens until none is left
+        self._listeners = Counter()  # accepted topic -> subscriptions of it
         self._sorted = []          # the accepted topics, sorted, to find those a new one prefixes
+        self._peer_of = {}         # accepted topic -> the peer whose subscription it was accepted for
+        self._per_peer = Counter()  # peer -> its accepted topics
         self._held = {}           # identity -> its held replies, in arrival order
         self._deadlines = []      # heap of (deadline, arrival, Held)
         self._arrival = itertools.count()
@@ -63,49 +68,55 @@ class Subscriptions:
         self._held_count = 0
         self._held_bytes = 0
 
-    def update(self, message, owned=True):
+    def update(self, message, owned=True, peer=None):
         """Apply one XPUB message (b'\\x01topic' subscribes, b'\\x00topic' unsubscribes); returns
         its (subscribe, topic) for the sink to apply to the socket, or None when refused. `owned`:
-        False when, under CURVE, the topic belongs to another client key than the sender's."""
+        False when, under CURVE, the topic belongs to another client key than the sender's. `peer`
+        (its CURVE key, else its address) has at most max_topics_per_peer accepted topics, so one
+        peer's flood leaves room for the others."""
         change = topic_change(message)
         if change is None:
             return None
         subscribe, topic = change
         if not subscribe:
             return change if owned and self._forget_one(topic) else None
-        if len(self._asked) < 4 * self.max_topics or topic in self._asked:
-            self._asked[topic] += 1
-        if topic in self._accepted:
+        if topic in self._listeners:
+            self._listeners[topic] += 1
             return change if owned else None
-        if not owned or topic not in self._asked or len(self._accepted) >= self.max_topics or self._overlaps(topic):
+        if (not owned or len(self._listeners) >= self.max_topics or self._per_peer[peer] >= self.max_topics_per_peer
+                or self._overlaps(topic)):
             return None
-        self._accepted.add(topic)
+        self._listeners[topic] = 1
         bisect.insort(self._sorted, topic)
+        self._peer_of[topic] = peer
+        self._per_peer[peer] += 1
         if topic in self._held:
             self._to_release.add(topic)
         return change
 
     def _forget_one(self, topic):
-        if not self._asked[topic]:
-            del self._asked[topic]
+        """Count one subscription of `topic` gone; False if it was never counted (it was refused)."""
+        if topic not in self._listeners:
             return False
-        self._asked[topic] -= 1
-        if not self._asked[topic]:
-            del self._asked[topic]
-            if topic in self._accepted:
-                self._accepted.discard(topic)
-                del self._sorted[bisect.bisect_left(self._sorted, topic)]
+        self._listeners[topic] -= 1
+        if not self._listeners[topic]:
+            del self._listeners[topic]
+            del self._sorted[bisect.bisect_left(self._sorted, topic)]
+            peer = self._peer_of.pop(topic)
+            self._per_peer[peer] -= 1
+            if not self._per_peer[peer]:
+                del self._per_peer[peer]
         return True
 
     def _overlaps(self, topic):
         """Whether an accepted topic is a prefix of `topic`, or `topic` a prefix of one."""
-        if any(topic[:length] in self._accepted for length in range(1, len(topic))):
+        if any(topic[:length] in self._listeners for length in range(1, len(topic))):
             return True
         after = bisect.bisect_right(self._sorted, topic)
         return after < len(self._sorted) and self._sorted[after].startswith(topic)
 
     def is_listening(self, identity):
-        return identity in self._accepted
+        return identity in self._listeners
 
     def hold(self, identity, frames, now=None, slow=False):
         """Keep a reply for later: until its reader listens (or for slow_seconds when `slow`)."""

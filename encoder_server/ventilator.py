@@ -26,7 +26,7 @@ from .intake import check_result_size, is_loopback, model_choices, parse_encode
 from .liveness import HEARTBEAT_INTERVAL, Liveness
 from .metrics import Metrics
 from .ownership import Owners
-from .runtime import POLL_MS, make_socket, start_child, user_id
+from .runtime import POLL_MS, make_socket, peer_address, start_child, user_id
 from .scheduling import Dispatcher
 from .security import curve_for, workers_use_curve
 
@@ -101,7 +101,7 @@ class Ventilator:
     def on_client(self, frames):
         """Nothing a client sends ends this loop: a bad request gets an error reply when its identity
         is readable, and is logged and dropped otherwise."""
-        peer = _peer_address(frames[0])
+        peer = peer_address(frames[0])
         raw = [frame.bytes for frame in frames]
         try:
             request = decode_request(raw)
@@ -361,11 +361,6 @@ def _random_start():
     return secrets.randbelow(2 ** 40) + 1
 
 
-def _peer_address(frame):
-    try:
-        return frame.get("Peer-Address")
-    except zmq.ZMQError:
-        return None
 
 
 def run_ventilator(settings, addresses, supervisor=None):

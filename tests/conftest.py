@@ -188,6 +188,14 @@ def reference_embeddings(model_dir, texts, layers=(-2,), strategy="mean", is_tok
     return np.stack(rows)
 
 
+def peak_rss_mb(pid):
+    """The peak resident memory of process `pid` so far (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
 def random_texts(count, seed=0, min_words=1, max_words=30):
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, size=rng.integers(min_words, max_words + 1))) for _ in range(count)]

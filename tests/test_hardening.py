@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,19 +17,11 @@ import zmq
 
 from encoder_server.supervisor import RUN_DIR_PREFIX
 
-from conftest import free_port, group_alive, random_texts, running_server, wait_for
+from conftest import free_port, group_alive, peak_rss_mb, random_texts, running_server, wait_for
 from http_helpers import running_gateway, status_code
 
 pytestmark = pytest.mark.timeout(300)
 API_KEY = "sk-hardening"
-
-
-def peak_rss_mb(pid):
-    """The peak resident memory of process `pid` so far (VmHWM), in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmHWM for {pid}")
 
 
 def raw_sockets(server, identity):

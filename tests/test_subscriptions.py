@@ -82,6 +82,16 @@ def test_topics_are_capped():
     assert subs.update(b"\x01d1") is None and subs.update(b"\x01a1")
 
 
+def test_topics_are_capped_per_peer_so_one_peers_flood_leaves_room_for_others():
+    subs = Subscriptions(max_topics=10, max_topics_per_peer=3)
+    for name in (b"f1", b"f2", b"f3"):
+        assert subs.update(b"\x01" + name, peer="10.0.0.9")
+    assert subs.update(b"\x01f4", peer="10.0.0.9") is None
+    assert subs.update(b"\x01good", peer="10.0.0.1") == (True, b"good")
+    assert subs.update(b"\x00f1", peer="10.0.0.9") == (False, b"f1")  # it leaves one: room for one more
+    assert subs.update(b"\x01f5", peer="10.0.0.9") == (True, b"f5")
+
+
 def test_a_refused_subscribers_departure_leaves_the_owner_listening():
     """XPUB reports an unsubscription for every topic a departing peer asked for, applied or not."""
     subs = Subscriptions()
@@ -90,7 +100,7 @@ def test_a_refused_subscribers_departure_leaves_the_owner_listening():
     assert subs.update(b"\x01ali") is None                         # an eavesdropper's prefix
     assert subs.update(b"\x00alice", owned=False) is None          # bob's explicit unsubscribe: ignored
     assert subs.update(b"\x00alice") and subs.is_listening(b"alice")   # bob's connection closes
-    assert subs.update(b"\x00ali") == (False, b"ali")             # the eavesdropper goes
+    assert subs.update(b"\x00ali") is None                        # the eavesdropper goes (never applied)
     assert subs.is_listening(b"alice")
     assert subs.update(b"\x00alice") and not subs.is_listening(b"alice")  # alice goes
 
