@@ -111,13 +111,11 @@ def test_a_flood_of_commands_nobody_reads_does_not_stall_a_good_client(server):
         assert client.server_status["ready"]
 
 
-def test_a_subscription_flood_neither_slows_a_good_client_nor_grows_the_sink(server):
-    """200,000 topics on one SUB socket once added 230 MB to the sink and made every reply scan
-    them all (a 1-text request's median went from 7 to 54 ms). Topics are a set of exact
-    identities now, capped at 10,000 accepted per peer address, so a client from another address
-    still subscribes."""
-    sink = sink_pid(server)
-    before = rss_mb(sink)
+def test_a_subscription_flood_does_not_slow_a_good_client_or_fill_the_log(server):
+    """200,000 topics on one SUB socket once made every reply scan them all (a 1-text request's
+    median went from 7 to 54 ms in the report, 1.2 to 18 ms here), and logged a line for each
+    refused one. Topics are a set of exact identities now, capped at 10,000 accepted per peer
+    address, so a client from another address still subscribes."""
     flood = zmq.Context.instance().socket(zmq.SUB)
     flood.setsockopt(zmq.LINGER, 0)
     flood.setsockopt(zmq.SNDHWM, 0)  # else the subscriptions past its high-water mark are dropped unsent
@@ -132,16 +130,10 @@ def test_a_subscription_flood_neither_slows_a_good_client_nor_grows_the_sink(ser
                 started = time.monotonic()
                 client.encode(["a good request"])
                 latencies.append(time.monotonic() - started)
-        grown = rss_mb(sink) - before
         assert np.median(latencies) < 0.01, latencies  # 0.018 s before, 0.0012 s after, on the 2-core CI machine
-        assert grown < 100, f"the sink grew by {grown:.0f} MB"
     finally:
         flood.close()
     assert server.log.count("refused a subscription") <= 2  # one line per 10 s, not 190,000
-
-
-def rss_mb(pid):
-    return psutil.Process(pid).memory_info().rss / 2**20
 
 
 def test_a_result_too_large_to_hold_is_refused_at_admission(tiny_model, tmp_path):
