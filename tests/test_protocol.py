@@ -460,3 +460,15 @@ def test_a_reader_forgets_results_whose_chunks_stopped_coming():
     for req_id in range(3):
         assert reader.read(wire(result_messages(b"c", req_id, big, streamed=True)[0])) is None
     assert sorted(reader._partial) == [1, 2]
+
+
+def test_payloads_of_millions_of_lists_are_refused_before_parsing_and_brackets_in_texts_pass():
+    texts = ["code: a[i] = {k: v[0]} \\\" \\\\[" * 20] * 50  # 4,000 brackets, inside strings
+    assert len(parse_encode(request_for(texts), show_tokens_allowed=False, max_texts=100).texts) == 50
+    words = [["x", "[", "]"]] * 50
+    assert parse_encode(request_for(words), show_tokens_allowed=False, max_texts=100).is_tokenized
+    for payload, words in [(b"[" + b"[]," * 500 + b"[]]", "502 JSON lists or objects; a request has at most 101"),
+                           (b"[" + b'"a",' * 1_000_001 + b"[]" * 200 + b'"a"]', "too many to check before parsing")]:
+        with pytest.raises(ProtocolError, match=words) as error:
+            parse_encode(Request(b"c", 1, payload, 1), show_tokens_allowed=False, max_texts=100)
+        assert error.value.code == "too_large"
