@@ -16,7 +16,7 @@ from .keys import as_identity, curve_keys
 from .protocol import ReplyReader, encode_request
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
-from .sockets import AUTH_FAILED, break_monitors, client_socket
+from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket
 
 LISTEN_QUEUE = 1000  # results a slow `listen()` loop may fall behind by before the oldest are dropped
 
@@ -194,6 +194,9 @@ class AsyncEncoderClient:
             else:
                 error = ConnectionLostError(f"the connection to the encoder-server at {self.address} broke "
                                             "with requests in flight; their replies may never come")
-            for future in self._waiting.values():
+            waiting = list(self._waiting.values())
+            if not event & AUTH_FAILED:
+                await asyncio.sleep(LOST_GRACE_S)  # replies already on their way still arrive
+            for future in waiting:
                 if not future.done():
                     future.set_exception(error)

@@ -16,7 +16,7 @@ from .progress import PROGRESS_CHUNK, chunks, progress_bar
 from .protocol import ReplyReader, encode_request
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
-from .sockets import AUTH_FAILED, break_monitors, client_socket
+from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket
 from .validation import check_texts
 
 
@@ -49,7 +49,7 @@ class EncoderClient:
         self._pending = {}
         self._replies = ReplyReader()
         self._arrived = {}
-        self._lost = set()  # requests in flight when the connection broke
+        self._lost = {}  # request in flight when the connection broke -> when it counts as lost
         self._max_request_bytes = None
         self._max_pending_texts = None
         self._closed = False
@@ -225,7 +225,9 @@ class EncoderClient:
                 if recv_monitor_message(monitor)["event"] & AUTH_FAILED:
                     raise PermissionError(f"the encoder-server at {self.address} refused this client's "
                                           "CURVE key (or the server key is wrong)")
-                self._lost.update(self._pending)
+                lost_at = time.monotonic() + LOST_GRACE_S
+                for req_id in self._pending:
+                    self._lost.setdefault(req_id, lost_at)
 
     def _wait(self, req_id, deadline=None):
         """(reply, show_tokens) for `req_id`, or for any pending request when None.
@@ -240,24 +242,37 @@ class EncoderClient:
                     reply = self._arrived.pop(wanted)
                     break
                 self._raise_if_lost(req_id)
-                reply = self._receive(deadline)
+                wake_at = self._wake_at(deadline)
+                try:
+                    reply = self._receive(wake_at)
+                except TimeoutError:
+                    if wake_at is deadline:
+                        raise
+                    continue  # a request marked lost is due: the loop raises for it
                 if reply is not None:
                     self._arrived[reply.req_id] = reply
         except (TimeoutError, ConnectionLostError):
             self._pending.pop(req_id, None)
-            self._lost.discard(req_id)
+            self._lost.pop(req_id, None)
             raise
         show_tokens = self._pending.pop(reply.req_id, False)
-        self._lost.discard(reply.req_id)
+        self._lost.pop(reply.req_id, None)
         if reply.error is not None:
             raise reply_error(reply)
         return reply, show_tokens
 
+    def _wake_at(self, deadline):
+        """The caller's deadline, or sooner when a request marked lost is due to count as lost."""
+        due = min(self._lost.values(), default=None)
+        return deadline if due is None or (deadline is not None and deadline <= due) else due
+
     def _raise_if_lost(self, req_id):
-        lost = self._lost & ({req_id} if req_id is not None else set(self._pending))
+        now = time.monotonic()
+        lost = {lost for lost, due in self._lost.items() if due <= now}
+        lost &= {req_id} if req_id is not None else set(self._pending)
         if lost:
             first = min(lost)
-            self._lost.discard(first)
+            self._lost.pop(first)
             self._pending.pop(first, None)
             raise ConnectionLostError(f"the connection to the encoder-server at {self.address} broke while "
                                       f"request {first} was in flight; its reply may never come")

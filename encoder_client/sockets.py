@@ -7,6 +7,9 @@ AUTH_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTO
 # ZeroMQ's own heartbeats: a server that vanished without closing the connection (a host gone, a
 # network cut) counts as disconnected after HEARTBEAT_TIMEOUT_MS, so no wait for it is endless
 HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 2000, 8000
+# a reply sent just before a server stops can arrive after the break is seen (the request and
+# result ports are two connections): requests in flight count as lost only this long after it
+LOST_GRACE_S = 1.0
 
 
 def client_socket(context, kind, address, curve, options=None):
