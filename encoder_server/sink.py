@@ -10,7 +10,6 @@ Publishing never blocks and never drops silently: a reply whose reader's queue i
 and tried again (XPUB_NODROP), and given up only after the reader stayed stuck for a long while.
 """
 import time
-from collections import Counter
 
 import zmq
 
@@ -35,7 +34,7 @@ class Sink:
         self.assembler = Assembler()
         self.subscriptions = Subscriptions()
         self.owners = Owners()  # under CURVE, the client key each identity belongs to
-        self.quiet_until = Counter()  # warning kind -> when it may be logged again (a flood must not flood the log)
+        self.quiet_until = {}  # warning kind -> when it may be logged again (a flood must not flood the log)
         context = zmq.Context.instance()
         curve, self.authenticator = curve_for(context, settings)
         self.collect = make_socket(context, zmq.PULL, bind=addresses.results_binds,
@@ -154,7 +153,7 @@ class Sink:
     def may_warn(self, kind):
         """True at most once per WARN_EVERY seconds for each kind of warning."""
         now = time.monotonic()
-        if now < self.quiet_until[kind]:
+        if now < self.quiet_until.get(kind, 0.0):
             return False
         self.quiet_until[kind] = now + WARN_EVERY
         return True
