@@ -1,5 +1,6 @@
 """Fixtures: a tiny random BERT in a temp folder, and real encoder-server processes on loopback."""
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -55,10 +56,37 @@ def tiny_model(tmp_path_factory):
     return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
-def free_port():
+def _ephemeral_range_start():
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_LOWEST_PORT = 10_000
+_port_cursor = [random.randrange(_LOWEST_PORT, max(_LOWEST_PORT + 1, _ephemeral_range_start() - 2000))]
+
+
+def free_port(consecutive=1):
+    """The first of `consecutive` free ports. They lie below the kernel's ephemeral range, so no
+    outgoing connection (a client's, a worker's) can take one between this pick and the server's
+    bind, and none is handed out twice in one test run."""
+    end = _ephemeral_range_start()
+    for _ in range(end):
+        first = _port_cursor[0]
+        _port_cursor[0] = first + consecutive if first + consecutive < end else _LOWEST_PORT
+        if first + consecutive <= end and all(_bindable(port) for port in range(first, first + consecutive)):
+            return first
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+def _bindable(port):
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        try:
+            probe.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 class RunningServer:

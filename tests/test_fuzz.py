@@ -108,7 +108,7 @@ def worker_port_messages(draw):
 def test_hostile_requests_and_worker_port_messages_kill_nothing(tiny_model, tmp_path):
     from conftest import free_port
 
-    jobs_port = free_port()
+    jobs_port = free_port(consecutive=2)
     with running_server(tiny_model, "--num-worker", "1", "--worker-port", str(jobs_port), tmp_path=tmp_path) as server:
         texts = random_texts(30, seed=12)
         with server.client() as client:

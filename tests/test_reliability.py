@@ -256,7 +256,7 @@ def test_curve_server_key_admits_its_own_workers_and_gateway(tiny_model, tmp_pat
              "client_key": str(keys / "authorized" / "alice.key_secret")}
     http_port = free_port()
     with running_server(tiny_model, "--server-key", str(keys / "server" / "server.key_secret"),
-                        "--authorized-clients", str(keys / "authorized"), "--worker-port", str(free_port()),
+                        "--authorized-clients", str(keys / "authorized"), "--worker-port", str(free_port(consecutive=2)),
                         "--http-port", str(http_port), "--num-worker", "2", tmp_path=tmp_path,
                         client_keys=alice) as server:
         texts = random_texts(40, seed=3)

@@ -169,20 +169,7 @@ def remote_worker(netns, tiny_model, tmp_path, keys):
 
 def worker_port():
     """A port whose successor is free too (jobs on it, results on the next)."""
-    for _ in range(100):
-        port = free_port()
-        if port < 65535 and _free(port + 1):
-            return port
-    raise RuntimeError("no two consecutive free ports")
-
-
-def _free(port):
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
+    return free_port(consecutive=2)
 
 
 def status(server):

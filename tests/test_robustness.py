@@ -157,7 +157,7 @@ def test_malformed_internal_messages_on_an_open_worker_port_are_dropped(tiny_mod
     it tries to publish never reaches the client it names. Each case below once ended the
     ventilator or the sink, and the server exited 1."""
     texts = random_texts(60, seed=31)
-    jobs_port = free_port()
+    jobs_port = free_port(consecutive=2)
     with running_server(tiny_model, "--num-worker", "1", "--worker-port", str(jobs_port),
                         tmp_path=tmp_path) as server:
         with server.client() as client:
