@@ -14,7 +14,7 @@ from multiprocessing.connection import wait
 from encoder_client import EncoderClient
 from encoder_client.keys import curve_keys
 
-from .backends import prepare_model
+from .backends import prepare_model_apart
 from .model_folder import ConfigError
 from .runtime import configure_logging, remote_worker_endpoints
 from .settings import resolve
@@ -30,7 +30,7 @@ def join_server(args):
     log = configure_logging("remote", args.verbose)
     config = _server_config(args)
     settings = worker_settings(config, args)
-    settings = prepare_model(settings)
+    settings = prepare_model_apart(settings)
     endpoints = remote_worker_endpoints(args.connect, config["worker_port"],
                                         curve_keys(args.server_key, args.client_key) if config.get("curve") else None)
     log.info("joining %s: jobs on %s, results to %s; %d worker(s), %d thread(s) each", args.connect,

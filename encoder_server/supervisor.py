@@ -27,7 +27,7 @@ import time
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from .backends import prepare_model
+from .backends import prepare_model_apart
 from .messages import SinkRestarted, WorkerExited
 from .model_folder import ConfigError
 from .runtime import Addresses, WorkerEndpoints, local_address
@@ -87,7 +87,7 @@ class Supervisor:
         """Run until stopped; returns the process exit code."""
         for host, port in self.settings.listening():
             check_port_free(host, port)
-        self.settings = prepare_model(self.settings)
+        self.settings = prepare_model_apart(self.settings)
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: self.stop_requested.set())
         remove_stale_run_dirs()

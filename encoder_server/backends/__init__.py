@@ -41,3 +41,22 @@ def prepare_model(settings):
         from .quantization_check import check_int8
         check_int8(settings, fp32_file, served_file)
     return replace(settings, onnx_file=str(served_file))
+
+
+def prepare_model_apart(settings, process_name="model"):
+    """prepare_model in a child process, so that the caller (the supervisor, a remote worker's
+    host) never holds what the export and the int8 check load: torch, transformers' model code and
+    two ONNX sessions, about 400 MB that it would keep for its whole life."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    from ..model_folder import ConfigError
+    from ..runtime import configure_logging
+
+    with ProcessPoolExecutor(1, multiprocessing.get_context("spawn"), initializer=configure_logging,
+                             initargs=(process_name, settings.verbose)) as child:
+        try:
+            return child.submit(prepare_model, settings).result()
+        except BrokenProcessPool:
+            raise ConfigError("the process preparing the model died (out of memory?); see the log above") from None

@@ -5,6 +5,10 @@ versions of the tools that built it, so a changed model or upgrade never reuses 
 Concurrent starts share one build through a file lock. Each build lists the sha256 of every file
 it wrote in CHECKSUMS; an entry whose files no longer match (a truncated copy, a full disk) or that
 has no such list is built again, with a warning, rather than handed to the workers.
+
+The weights live beside the graph in model.onnx.data, which ONNX Runtime maps into memory instead
+of copying: the workers of a host share one copy in the page cache, and the embedding table's rows
+that no text uses are never read.
 """
 import hashlib
 import json
@@ -20,7 +24,7 @@ from filelock import FileLock
 from . import onnx_export
 
 log = logging.getLogger(__name__)
-FORMAT = 2  # 2: a pool_mask input, the model's head inside, no normalization
+FORMAT = 3  # 2: a pool_mask input, the model's head inside, no normalization; 3: weights in model.onnx.data
 CACHE_ENV = "ENCODER_SERVER_CACHE"
 CHECKSUMS = "checksums.json"  # file name -> sha256, beside model.onnx (and any external-data files)
 
@@ -108,18 +112,23 @@ def _scratch_folder(path):
 
 
 def _key(settings, precision):
-    import onnxruntime
-    import torch
-    import transformers
-
     recipe = {"format": FORMAT, "model": _folder_digest(settings.encoder_path), "precision": precision,
               "head": [[layer.describe(), _folder_digest(layer.folder)] for layer in settings.head],
               "int8": onnx_export.INT8_RECIPE if precision == "int8" else None,
               "pooling": [settings.pooling.strategy, list(settings.pooling.layers), settings.num_layers],
-              "opset": onnx_export.OPSET, "torch": torch.__version__, "transformers": transformers.__version__,
-              "onnxruntime": onnxruntime.__version__}
+              "opset": onnx_export.OPSET,
+              **{tool: _version(tool) for tool in ("torch", "transformers", "onnxruntime", "onnx")}}
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
     return f"{Path(settings.model).name[:60]}-{precision}-{digest}"
+
+
+def _version(distribution):
+    """An installed tool's version, read without importing it (importing torch costs 260 MB)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 def _folder_digest(folder):
