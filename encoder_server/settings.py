@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from .backends import BACKENDS, default_backend
 from .backends.pooling import MASKABLE, STRATEGIES, PoolingSpec
+from .cpus import default_workers, usable_cpus
 from .intake import is_loopback
 from .model_folder import ConfigError, default_model_path, inspect_model_folder
 
@@ -72,8 +73,9 @@ class Settings:
                                           "accuracy check", choices=("int8",))
     min_quant_cosine: float = choice(0.99, COMPUTE, "refuse int8 when its mean row cosine against fp32 on a "
                                                     "built-in sample is lower")
-    num_worker: int = choice(None, COMPUTE, "worker processes (default: one per CPU core, or 1 on cuda)", minimum=1)
-    threads_per_worker: int = choice(None, COMPUTE, "intra-op threads per worker lane (default: cores / workers, "
+    num_worker: int = choice(None, COMPUTE, "worker processes (default: one per usable CPU, within the cgroup's "
+                                            "CPU quota, up to 8; 1 on cuda)", minimum=1)
+    threads_per_worker: int = choice(None, COMPUTE, "intra-op threads per worker lane (default: usable CPUs / workers, "
                                                     "so none are oversubscribed)", minimum=1)
 
     priority_batch_size: int = choice(16, SCHEDULING, "requests of at most this many texts go to the "
@@ -192,7 +194,7 @@ def resolve(**choices):
         raise ConfigError(f"--model {info.path}: its pooling ({' + '.join(info.st_pooling_modes) or 'no mode'}) "
                           "has no equivalent here; choose one with --pooling-strategy")
     device = chosen.device
-    num_worker = _unless_chosen(chosen.num_worker, _cpu_count() if device == "cpu" else 1)
+    num_worker = _unless_chosen(chosen.num_worker, default_workers(usable_cpus()) if device == "cpu" else 1)
     settings = replace(
         chosen, model=str(info.path), encoder_path=str(info.transformer_path),
         model_name=tuple(dict.fromkeys((served_name, *(chosen.model_name or ()), *CLIENT_DEFAULT_NAMES))),
@@ -369,11 +371,7 @@ def _flag(name):
     return "--" + name.replace("_", "-")
 
 
-def _cpu_count():
-    return len(os.sched_getaffinity(0))
-
-
 def _default_threads(num_worker, device):
     if device == "cuda":
         return 1
-    return max(1, _cpu_count() // num_worker)
+    return max(1, usable_cpus() // num_worker)
