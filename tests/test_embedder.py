@@ -54,9 +54,37 @@ def test_bad_input_is_named(embedder, texts, error, message):
 
 def test_light_processes_never_load_the_model_libraries():
     """The CLI, settings (and the pooling names and widths they read), the gateway, the ventilator
-    and the sink import neither torch nor transformers; Embedder loads them on first use."""
+    and the sink import neither torch nor transformers nor onnxruntime; Embedder loads its own
+    libraries on first use, and those are not torch or transformers either."""
     code = ("import sys, encoder_server, encoder_server.cli, encoder_server.settings, encoder_server.gateway, "
             "encoder_server.ventilator, encoder_server.sink; "
             "heavy = [name for name in ('torch', 'transformers', 'onnxruntime') if name in sys.modules]; "
-            "assert not heavy, heavy; encoder_server.Embedder; assert 'transformers' in sys.modules")
+            "assert not heavy, heavy; encoder_server.Embedder; assert 'tokenizers' in sys.modules; "
+            "assert not {'torch', 'transformers'} & set(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_an_onnx_worker_never_imports_torch_or_transformers(embedder, tmp_path):
+    """What a worker process loads to serve: the worker module, then an Embedder on the prepared
+    ONNX file, used for a pass. Neither torch nor transformers may be in sys.modules after it
+    (each would cost a worker about 270 MB)."""
+    import pickle
+
+    settings_file = tmp_path / "settings.pickle"
+    settings_file.write_bytes(pickle.dumps(embedder.settings))
+    code = ("import pickle, sys; import encoder_server.worker as worker; "
+            f"settings = pickle.loads(open({str(settings_file)!r}, 'rb').read()); "
+            "embedder = worker.Embedder(settings); embedder.embed_texts(worker.WARMUP_TEXTS); "
+            "embedder.embed_tokens([['some', 'words']]); "
+            "print(sorted(name for name in ('torch', 'transformers') if name in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True)
+    assert loaded.stdout.strip() == "[]", loaded.stdout
+
+
+def test_a_running_servers_supervisor_and_workers_map_no_torch_library(tiny_server):
+    """The same, seen from outside in the real processes: none maps libtorch into memory."""
+    from pathlib import Path
+
+    pids = [tiny_server.process.pid, *tiny_server.worker_pids()]
+    mapped = {pid: "libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in pids}
+    assert not any(mapped.values()), mapped
