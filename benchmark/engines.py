@@ -25,11 +25,14 @@ def free_port():
 
 
 class RssSampler:
-    """Peak resident memory of a process and its children, sampled every 0.2 s."""
+    """Peak memory of a process and its children, sampled every 0.2 s: the sum of their RSS, which
+    counts pages they share (libraries, the mapped ONNX weights) once per process, and the sum of
+    their PSS, which splits each shared page between its sharers and so adds up to what the group
+    costs the machine."""
 
     def __init__(self, pid):
         self.root = psutil.Process(pid)
-        self.peak_mb = 0.0
+        self.peak_mb = self.peak_pss_mb = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -38,15 +41,23 @@ class RssSampler:
         while not self._stop.wait(0.2):
             try:
                 tree = [self.root, *self.root.children(recursive=True)]
-                total = sum(process.memory_info().rss for process in tree)
-            except psutil.Error:
+                rss = sum(process.memory_info().rss for process in tree)
+                pss = sum(_pss(process.pid) for process in tree)
+            except (psutil.Error, OSError):
                 continue
-            self.peak_mb = max(self.peak_mb, total / 2**20)
+            self.peak_mb = max(self.peak_mb, rss / 2**20)
+            self.peak_pss_mb = max(self.peak_pss_mb, pss / 2**20)
 
     def stop(self):
         self._stop.set()
         self._thread.join()
         return round(self.peak_mb, 1)
+
+
+def _pss(pid):
+    """Proportional set size in bytes, from /proc/PID/smaps_rollup (Linux 4.14+)."""
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        return next(int(line.split()[1]) * 1024 for line in rollup if line.startswith("Pss:"))
 
 
 class _Server:
@@ -68,6 +79,7 @@ class _Server:
 
     def __exit__(self, *_):
         self.peak_rss_mb = self.rss.stop() if hasattr(self, "rss") else None
+        self.peak_pss_mb = round(self.rss.peak_pss_mb, 1) if hasattr(self, "rss") else None
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
             try:

@@ -108,6 +108,8 @@ def _markdown(results, plots, base):
     lines += [f"![{Path(p).stem}]({_relative(base, 'results/' + Path(p).name)})" for p in plots] + [""]
     lines += _targets(results)
     lines += _batch_table(results.get("client_batches"))
+    lines += _latency_table(results.get("latency"))
+    lines += _memory_table(results.get("memory"))
     lines += _concurrency_table(results.get("concurrency"))
     lines += _tiny_and_fairness(results)
     lines += _variants_table(results.get("variants"))
@@ -140,6 +142,18 @@ def _targets(results):
     for kind in ("short", "medium", "long"):
         target(f"service / same backend in-process, {kind}, batch 256",
                _ratio(batches, SERVICE, IN_PROCESS, kind=kind, batch=256), "≥ 0.9", lambda v: v >= 0.9)
+    latency, memory = results.get("latency"), results.get("memory")
+    target("1 short text per request: service / in-process on every core", latency and latency["ratio_to_in_process"],
+           "≥ 0.85", lambda v: v >= 0.85)
+    target("1 short text per request: service overhead at p50, ms", latency and latency["overhead_p50_ms"],
+           "≤ 0.5", lambda v: v <= 0.5)
+    two = memory and next(row for row in memory["rows"] if row["workers"] == 2)
+    target("peak RSS of the whole server, 2 workers, MB (PSS in brackets)",
+           two and f"{two['peak_rss_mb']:.0f} ({two['peak_pss_mb']:.0f})", "≤ 450",
+           lambda v: float(v.split()[0]) <= 450)
+    target("peak RSS per extra worker, MB (PSS in brackets)",
+           memory and f"{memory['per_extra_worker_mb']['rss']:.0f} ({memory['per_extra_worker_mb']['pss']:.0f})",
+           "≤ 100", lambda v: float(v.split()[0]) <= 100)
     tiny = results.get("tiny_clients")
     target("16 clients x 1 text / 1 client x 256 texts", tiny and tiny["ratio"], "≥ 0.6", lambda v: v >= 0.6)
     fair = results.get("fairness")
@@ -163,6 +177,34 @@ def _batch_table(rows):
                      f"{row['tokens_per_s']} | {row['p50_ms']} | {row['p95_ms']} | {row['p99_ms']} | "
                      f"{ratio or '—'} | {row['repeats']} | {row.get('peak_rss_mb') or 'in-process'} |")
     return lines + [""]
+
+
+def _latency_table(latency):
+    if not latency:
+        return []
+    lines = ["## One text per request", "",
+             "Short texts sent one at a time, against the same backend in-process. The service's overhead is its "
+             "p50 less the in-process p50 on one thread (one worker lane's share of the CPU).", "",
+             "| engine | sentences/s | p50 ms | p95 ms | p99 ms |", "|---|---|---|---|---|"]
+    lines += [f"| {row['engine']} | {row['sentences_per_s']} | {row['p50_ms']} | {row['p95_ms']} | {row['p99_ms']} |"
+              for row in latency["rows"]]
+    return lines + ["", f"Overhead at p50: **{latency['overhead_p50_ms']} ms**; throughput / in-process on every "
+                        f"core: **{latency['ratio_to_in_process']}**.", ""]
+
+
+def _memory_table(memory):
+    if not memory:
+        return []
+    extra, host = memory["per_extra_worker_mb"], memory["host_64_cores"]
+    lines = ["## Memory of the whole server", "",
+             "Peak over the server's process group (supervisor, ventilator, sink, workers) while it serves a mixed "
+             "workload. RSS counts the pages processes share (libraries, the mapped ONNX weights) once per process; "
+             "PSS splits them between their sharers, so its sum is what the group costs the machine.", "",
+             "| workers | peak RSS MB (sum) | peak PSS MB (sum) |", "|---|---|---|"]
+    lines += [f"| {row['workers']} | {row['peak_rss_mb']} | {row['peak_pss_mb']} |" for row in memory["rows"]]
+    return lines + ["", f"Each extra worker adds {extra['rss']} MB of RSS ({extra['pss']} MB of PSS). On a 64-core "
+                        f"host the default is {host['workers']} workers, about {host['rss_mb']} MB of RSS "
+                        f"({host['pss_mb']} MB PSS) in all.", ""]
 
 
 def _concurrency_table(rows):

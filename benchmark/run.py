@@ -145,6 +145,54 @@ class Suite:
             stop.set()
         return {"idle": idle, "under_flood": loaded, "p99_ratio": round(loaded["p99_ms"] / idle["p99_ms"], 2)}
 
+    def latency(self):
+        """One short text per request, one after another: the service (defaults) against the same
+        backend in-process on one thread (what one worker lane has) and on every core. The service's
+        overhead is its p50 less the one-thread in-process p50."""
+        from encoder_server.settings import resolve
+        texts = corpus.texts("short", self.plan.single_requests * 4)
+        engines_by_label = {f"onnx backend in-process, {threads} thread(s)":
+                            lambda threads=threads: engines.our_backend(resolve(model=self.model, num_worker=1,
+                                                                                threads_per_worker=threads))
+                            for threads in dict.fromkeys((1, _cores()))}
+        engines_by_label["service (onnx fp32, defaults)"] = lambda: self.service("service (onnx fp32, defaults)")
+        rows = []
+        for label, make in engines_by_label.items():
+            with make() as engine:
+                runs = [load.sequential(engine, texts, 1, self.tokens["short"]) for _ in range(self.plan.repeats)]
+                rows.append({"engine": label, **load.median_of(runs)})
+                _progress(rows[-1])
+        service, one_thread, every_core = rows[-1], rows[0], rows[-2]
+        return {"rows": rows, "overhead_p50_ms": round(service["p50_ms"] - one_thread["p50_ms"], 2),
+                "ratio_to_in_process": round(service["sentences_per_s"] / every_core["sentences_per_s"], 3)}
+
+    def memory(self):
+        """Peak memory of the whole server's process group with 1, 2 and 3 workers (one thread each)
+        while it serves a mixed workload, and what each extra worker adds."""
+        texts = corpus.texts("medium", self.plan.texts.get("medium", 32)) + corpus.texts("short", 64)
+        if "long" in self.plan.kinds:
+            texts += corpus.texts("long", 64)
+        rows = []
+        for workers in (1, 2, 3):
+            with self.service(f"{workers} worker(s)", "--num-worker", str(workers), "--threads-per-worker", "1") \
+                    as engine:
+                client = engine.client()
+                try:
+                    for _ in range(self.plan.repeats):
+                        client.encode(texts)
+                finally:
+                    client.close()
+                time.sleep(0.5)  # a last sample after the work
+            rows.append({"workers": workers, "peak_rss_mb": engine.peak_rss_mb, "peak_pss_mb": engine.peak_pss_mb})
+            _progress(rows[-1])
+        extra = {unit: round((rows[2][f"peak_{unit}_mb"] - rows[0][f"peak_{unit}_mb"]) / 2, 1) for unit in ("rss", "pss")}
+        base = {unit: round(rows[0][f"peak_{unit}_mb"] - extra[unit], 1) for unit in ("rss", "pss")}
+        from encoder_server.cpus import default_workers
+        big_host = default_workers(64)
+        return {"rows": rows, "per_extra_worker_mb": extra, "without_workers_mb": base,
+                "host_64_cores": {"workers": big_host,
+                                  **{f"{unit}_mb": round(base[unit] + big_host * extra[unit]) for unit in extra}}}
+
     def variants(self):
         """Configurations one flag away from the defaults, one client sending 256 medium texts."""
         texts = corpus.texts("medium", 512)
@@ -260,8 +308,8 @@ def main(argv=None):
                         help="infinity_emb executable for the peer baseline (default: found on PATH)")
     parser.add_argument("--out", default=str(HERE / "results"), help="folder for results.json and plots")
     parser.add_argument("--only", nargs="+", default=None,
-                        choices=("client_batches", "concurrency", "tiny_clients", "fairness", "variants", "graphs",
-                                 "accuracy"))
+                        choices=("client_batches", "latency", "memory", "concurrency", "tiny_clients", "fairness",
+                                 "variants", "graphs", "accuracy"))
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
 
@@ -272,7 +320,8 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suite = Suite(plan, Path(args.model) if args.model else default_model_path(), args.infinity, out)
-    chosen = args.only or ["client_batches", "concurrency", "tiny_clients", "fairness", "graphs"] + (
+    chosen = args.only or ["client_batches", "latency", "memory", "concurrency", "tiny_clients", "fairness",
+                           "graphs"] + (
         ["variants", "accuracy"] if plan.variants else [])
     results = {"machine": _machine(), "smoke": args.smoke,
                "model": suite.model.name if args.model else "all-MiniLM-L6-v2 (bundled)",
