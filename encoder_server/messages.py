@@ -83,6 +83,7 @@ class Job:
     prompt: str = ""         # prepended to each text
     normalize: bool = False  # L2-normalize each row
     truncate: bool = True    # False: refuse a text longer than the server's max_seq_len
+    alone: bool = False      # the only work on the server when it was sent: it may take every core
 
     def frames(self):
         return [self.KIND, _json(asdict(self))]
@@ -115,6 +116,7 @@ class Ready:
     pid: int
     host: str
     remote: bool = False
+    lone_lane: bool = False  # it can run a job that is alone on every core of the host
 
     def frames(self):
         return [self.KIND, _json(asdict(self))]

@@ -1,6 +1,8 @@
 """The ventilator's pure logic: split requests into jobs, queue them fairly, hand them to workers.
 
-Small requests go to the priority queue, spread over the workers that are idle. Large ones
+Small requests go to the priority queue, spread over the workers that are idle; one that cannot
+be spread (a single text) on an idle server goes, marked `alone`, to a worker with a lone lane,
+which runs it on every core. Large ones
 become mini-jobs in a per-client round-robin queue, so one client's 100k texts cannot starve
 another's 5k. A worker holds at most
 `prefetch_size` bulk jobs and at most `max_batch_size` texts of priority jobs, so a priority job
@@ -88,6 +90,7 @@ class _WorkerLoad:
     texts: int = 0
     suspects: int = 0
     encoded: int = 0  # texts it has finished
+    lone_lane: bool = False  # it runs a job that is alone on every core
 
 
 @dataclass
@@ -130,6 +133,9 @@ class Dispatcher:
         idle = sum(1 for load in self._workers.values() if load.texts == 0)
         jobs = split_request(seq, texts, self.priority_batch_size, self.max_batch_size,
                              self._job_ids, priority_pieces=idle, **flags)
+        if len(jobs) == 1 and jobs[0].priority and self._all_idle() and \
+                any(load.lone_lane for load in self._workers.values()):
+            jobs = [replace(jobs[0], alone=True)]
         deadline = None if timeout is None else now + timeout
         self._requests[seq] = Admitted(seq, client, len(texts), len(jobs), now, deadline, req_id)
         if req_id is not None:
@@ -221,8 +227,12 @@ class Dispatcher:
 
     # ----- workers -----
 
-    def add_worker(self, worker):
-        self._workers.setdefault(worker, _WorkerLoad())
+    def add_worker(self, worker, lone_lane=False):
+        self._workers.setdefault(worker, _WorkerLoad()).lone_lane = lone_lane
+
+    def _all_idle(self):
+        """Nothing queued and nothing on any worker."""
+        return not (self._priority or self._bulk) and all(load.texts == 0 for load in self._workers.values())
 
     def remove_worker(self, worker, crashed=True):
         """Forget a dead worker and queue its unfinished jobs again, at the front. Returns
@@ -280,6 +290,10 @@ class Dispatcher:
         """A suspect job runs alone on an idle worker; other jobs avoid a worker holding one."""
         if self._deaths[job.job_id]:
             return self._least_loaded(lambda load: load.texts == 0)
+        if job.alone:
+            lone = self._least_loaded(lambda load: load.lone_lane and load.texts == 0)
+            if lone is not None:
+                return lone
         return self._least_loaded(lambda load: not load.suspects and has_room(load))
 
     def _least_loaded(self, has_room):

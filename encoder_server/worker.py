@@ -27,6 +27,7 @@ from encoder_client.protocol import BAD_REQUEST
 from . import fault_injection, messages
 from .backends.embedder import Embedder
 from .batching import BULK, PRIORITY, BatchPlanner, Tokenized
+from .cpus import usable_cpus
 from .liveness import HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS
 from .metrics import Metrics
 from .runtime import POLL_MS, make_socket, start_child
@@ -36,14 +37,14 @@ WARMUP_TEXTS = ["warm up the model", "a second, somewhat longer sentence to warm
 
 
 class Worker:
-    def __init__(self, settings, endpoints, name, log, stop, remote=False):
+    def __init__(self, settings, endpoints, name, log, stop, remote=False, lone_threads=0):
         self.name = name
         self.log = log
         self.stop = stop
         self.endpoints = endpoints
         self.remote = remote
         self.metrics = Metrics()
-        self.embedder = Embedder(settings)
+        self.embedder = Embedder(settings, lone_threads)
         self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.embedder.tokenizer.pad_id)
         self.batch_wait_s = settings.batch_wait_ms / 1000
         self.received = queue.SimpleQueue()  # (job, monotonic arrival), from intake to prefetch
@@ -51,7 +52,7 @@ class Worker:
         self.buffered = threading.Condition()
         self.failed = False
         self.busy_since = {}  # stage (prefetch or a lane) -> monotonic start of the step it is on
-        self.embedder.embed_texts(WARMUP_TEXTS)
+        self.embedder.warm_up(WARMUP_TEXTS)
 
     # ----- intake: the jobs socket -----
 
@@ -85,7 +86,7 @@ class Worker:
         return jobs
 
     def ready(self):
-        return messages.Ready(os.getpid(), socket.gethostname(), self.remote)
+        return messages.Ready(os.getpid(), socket.gethostname(), self.remote, self.embedder.lone_backend is not None)
 
     def on_message(self, frames, arrived):
         message = messages.decode_or_log(frames, self.log, "the ventilator")
@@ -165,7 +166,7 @@ class Worker:
         for wait in batch.start(time.monotonic()):
             self.metrics.observe("queue_seconds", wait)
         started = self.busy_since[lane] = time.monotonic()
-        pooled = self.embedder.run(batch.inputs)
+        pooled = self.embedder.run(batch.inputs, alone=batch.alone)
         del self.busy_since[lane]
         self.metrics.record_pass(len(batch.rows), batch.inputs.real_tokens, batch.inputs.padded_tokens,
                                  time.monotonic() - started)
@@ -191,7 +192,8 @@ def run_worker(settings, endpoints, index, remote=False, started=None):
     name = f"{socket.gethostname()}/worker-{index}" if remote else f"worker-{index}"
     log, stop = start_child(name, settings.verbose)
     try:
-        worker = Worker(settings, endpoints, f"{name}:{os.getpid()}", log, stop, remote)
+        lone_threads = usable_cpus() if index == 0 and not remote else 0  # one lone lane per host is enough
+        worker = Worker(settings, endpoints, f"{name}:{os.getpid()}", log, stop, remote, lone_threads)
     except Exception as error:
         _report_start(started, " ".join(f"{type(error).__name__}: {error}".split()))
         raise

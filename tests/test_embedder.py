@@ -88,3 +88,13 @@ def test_a_running_servers_supervisor_and_workers_map_no_torch_library(tiny_serv
     pids = [tiny_server.process.pid, *tiny_server.worker_pids()]
     mapped = {pid: "libtorch" in Path(f"/proc/{pid}/maps").read_text() for pid in pids}
     assert not any(mapped.values()), mapped
+
+
+def test_a_lone_pass_on_every_core_gives_the_same_rows(tiny_model):
+    """The lone lane's session (every core) computes what the worker's own session computes."""
+    one_thread = Embedder.load(str(tiny_model), threads_per_worker=1)
+    embedder = Embedder(one_thread.settings, lone_threads=4)
+    assert embedder.lone_backend is not None and one_thread.lone_backend is None
+    encoding = embedder.tokenize(TEXTS)
+    np.testing.assert_allclose(embedder.embed_encoding(encoding, alone=True),
+                               embedder.embed_encoding(encoding), atol=1e-6)

@@ -279,6 +279,39 @@ def test_unknown_job_id_ignored():
     assert d.job_done(sent[0][1].job_id).seq == 1
 
 
+def test_a_single_text_on_an_idle_server_goes_alone_to_the_lone_lane():
+    d = Dispatcher(priority_batch_size=8, max_batch_size=16, prefetch_size=1)
+    d.add_worker(b"w1")
+    d.add_worker(b"w2", lone_lane=True)
+    d.submit(1, b"A", texts(1), NOW)
+    [(worker, job)] = d.assignments(NOW)
+    assert worker == b"w2" and job.alone
+
+
+def test_nothing_is_alone_while_other_work_is_on_the_server_or_without_a_lone_lane():
+    d = Dispatcher(priority_batch_size=8, max_batch_size=16, prefetch_size=1)
+    d.add_worker(b"w1", lone_lane=True)
+    d.add_worker(b"w2")
+    d.submit(1, b"A", texts(1), NOW)
+    d.submit(2, b"B", texts(1), NOW)  # the first one is still queued: neither is alone afterwards
+    d.submit(3, b"C", texts(2), NOW)  # two texts: spread over the idle workers instead
+    assert [(job.seq, job.alone) for _, job in d.assignments(NOW)] == [(1, True), (2, False), (3, False), (3, False)]
+    plain = Dispatcher(priority_batch_size=8, max_batch_size=16, prefetch_size=1)
+    plain.add_worker(b"w1")
+    plain.submit(1, b"A", texts(1), NOW)
+    assert [job.alone for _, job in plain.assignments(NOW)] == [False]
+
+
+def test_a_lone_job_goes_elsewhere_when_the_lone_lane_is_gone():
+    d = Dispatcher(priority_batch_size=8, max_batch_size=16, prefetch_size=1)
+    d.add_worker(b"w1")
+    d.add_worker(b"w2", lone_lane=True)
+    d.submit(1, b"A", texts(1), NOW)
+    d.remove_worker(b"w2", crashed=False)
+    [(worker, job)] = d.assignments(NOW)
+    assert worker == b"w1"
+
+
 def test_add_worker_twice_keeps_its_load():
     d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=1)
     d.add_worker(b"w1")

@@ -26,9 +26,9 @@ def default_backend(device):
     return next(name for name, kind in BACKENDS.items() if device in kind.default_on)
 
 
-def load_backend(settings):
+def load_backend(settings, **options):
     kind = BACKENDS[settings.backend]
-    return getattr(import_module(f".{kind.module}", __name__), kind.class_name)(settings)
+    return getattr(import_module(f".{kind.module}", __name__), kind.class_name)(settings, **options)
 
 
 def prepare_model(settings):

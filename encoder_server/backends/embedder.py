@@ -16,12 +16,18 @@ from .tokenizer import Tokenizer
 
 
 class Embedder:
-    def __init__(self, settings):
-        """From resolved settings whose model files are ready; `Embedder.load` does both."""
+    def __init__(self, settings, lone_threads=0):
+        """From resolved settings whose model files are ready; `Embedder.load` does both.
+        `lone_threads` above the settings' threads per worker gives the onnx backend on cpu a
+        second session with that many threads, for passes that `run` is told are alone on the
+        host: a lone request then has every core (it costs the packed weights once more)."""
         self.settings = settings
         self.tokenizer = Tokenizer(settings.encoder_path, settings.truncate_at, settings.pooling.mask_cls_sep,
                                    settings.include_prompt)
         self.backend = load_backend(settings)
+        self.lone_backend = None
+        if lone_threads > settings.threads_per_worker and settings.backend == "onnx" and settings.device == "cpu":
+            self.lone_backend = load_backend(settings, threads=lone_threads)
 
     @classmethod
     def load(cls, model=None, **choices):
@@ -40,9 +46,10 @@ class Embedder:
     def tokenize(self, texts, is_tokenized=False, with_tokens=False, prompt=""):
         return self.tokenizer.tokenize(texts, is_tokenized, with_tokens, prompt)
 
-    def run(self, inputs):
-        """One forward pass: pooled float32 rows, through the model's head, not normalized."""
-        return self.backend.run(inputs)
+    def run(self, inputs, alone=False):
+        """One forward pass: pooled float32 rows, through the model's head, not normalized.
+        `alone`: nothing else runs on the host, so the pass may take every core."""
+        return (self.lone_backend if alone and self.lone_backend else self.backend).run(inputs)
 
     def finish(self, rows, normalize=None):
         """Rows as served: L2-normalized when `normalize` says so (None: as the model says)."""
@@ -60,11 +67,16 @@ class Embedder:
         check_texts(words, is_tokenized=True)
         return self.embed_encoding(self.tokenize(words, is_tokenized=True), normalize)
 
-    def embed_encoding(self, encoding, normalize=None):
+    def embed_encoding(self, encoding, normalize=None, alone=False):
         """Tokenized texts, embedded in passes of similar length under the token budget."""
         rows = [None] * len(encoding)
         for group, inputs in plan_passes(encoding, self.settings.max_batch_tokens, self.settings.max_batch_size,
                                          self.tokenizer.pad_id):
-            for index, output in zip(group, self.run(inputs)):
+            for index, output in zip(group, self.run(inputs, alone)):
                 rows[index] = output
         return self.finish(stack_rows(rows), normalize)
+
+    def warm_up(self, texts):
+        """Run each session once, so that no request pays for a first pass."""
+        for alone in {False, self.lone_backend is not None}:
+            self.embed_encoding(self.tokenize(texts), alone=alone)

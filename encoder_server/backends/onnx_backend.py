@@ -5,9 +5,9 @@ from ..arrays import pad_token_axis
 
 
 class OnnxBackend:
-    def __init__(self, settings):
+    def __init__(self, settings, threads=None):
         options = ort.SessionOptions()
-        options.intra_op_num_threads = settings.threads_per_worker
+        options.intra_op_num_threads = threads or settings.threads_per_worker
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
