@@ -233,7 +233,7 @@ def test_dockerfile_copies_existing_files_the_context_keeps(name):
 
 def test_dockerignore_keeps_the_context_small():
     for heavy in (".git", ".venv", "tests", "benchmark/results", "encoder_server/__pycache__/cli.cpython-311.pyc",
-                  "model.onnx", "encoder_server.egg-info"):
+                  "model.onnx", "model.onnx.data", "encoder_server.egg-info"):
         assert dockerignored(heavy), heavy
     for needed in ("setup.py", "README.md", "encoder_server/cli.py", "encoder_client/__init__.py"):
         assert not dockerignored(needed), needed
