@@ -7,7 +7,7 @@ import pytest
 from encoder_server import Embedder
 from encoder_server.backends import prepare_model
 from encoder_server.backends.model_cache import onnx_files
-from encoder_server.backends.quantization_check import check_int8, row_cosine
+from encoder_server.backends.quantization_check import check_int8, neighbour_overlap, row_cosine
 from encoder_server.model_folder import ConfigError
 from encoder_server.settings import resolve
 
@@ -58,10 +58,17 @@ def test_int8_check_reports_and_refuses_below_the_bar(tiny_model):
     settings = resolve(model=str(tiny_model), backend="onnx", quantize="int8", min_quant_cosine=0.5)
     fp32_file, int8_file = onnx_files(settings)
     assert int8_file != fp32_file
-    low, mean = check_int8(settings, fp32_file, int8_file)
-    assert 0.5 < low <= mean < 1.0
+    low, mean, overlap = check_int8(settings, fp32_file, int8_file)
+    assert 0.5 < low <= mean < 1.0 and 0.0 <= overlap <= 1.0
     with pytest.raises(ConfigError, match=r"int8 refused.*min row cosine .*mean .*--min-quant-cosine 1\.0"):
         check_int8(dataclasses.replace(settings, min_quant_cosine=1.0), fp32_file, int8_file)
+
+
+def test_neighbour_overlap_is_one_for_identical_rows_and_less_for_shuffled_ones():
+    rows = np.random.default_rng(0).normal(size=(30, 8)).astype(np.float32)
+    assert neighbour_overlap(rows, rows) == 1.0
+    assert neighbour_overlap(rows, rows[np.random.default_rng(1).permutation(30)]) < 0.9
+    assert neighbour_overlap(rows[:3], rows[:3], k=10) == 1.0  # k capped at len - 1
 
 
 def test_int8_embeddings_stay_close_to_fp32(tiny_model):

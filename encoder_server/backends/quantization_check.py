@@ -37,16 +37,19 @@ SAMPLE = [
 
 
 def check_int8(settings, fp32_file, int8_file):
-    """Log the min and mean row cosine; raise ConfigError if the mean is below --min-quant-cosine."""
+    """Log the min and mean row cosine and the top-10 neighbour overlap; raise ConfigError if the
+    mean cosine is below --min-quant-cosine. Returns (min cosine, mean cosine, neighbour overlap)."""
     reference, quantized = (Embedder(replace(settings, onnx_file=str(path))).embed_texts(SAMPLE)
                             for path in (fp32_file, int8_file))
     cosine = row_cosine(reference, quantized)
-    summary = f"int8 vs fp32 on {len(SAMPLE)} sample texts: min row cosine {cosine.min():.5f}, mean {cosine.mean():.5f}"
+    overlap = neighbour_overlap(reference, quantized)
+    summary = (f"int8 vs fp32 on {len(SAMPLE)} sample texts: min row cosine {cosine.min():.5f}, "
+               f"mean {cosine.mean():.5f}, top-10 neighbour overlap {overlap:.3f}")
     log.info(summary)
     if cosine.mean() < settings.min_quant_cosine:
         raise ConfigError(f"--quantize int8 refused: {summary}, below --min-quant-cosine "
                           f"{settings.min_quant_cosine}; serve fp32 or lower the bar knowingly")
-    return float(cosine.min()), float(cosine.mean())
+    return float(cosine.min()), float(cosine.mean()), overlap
 
 
 def row_cosine(a, b):
@@ -54,3 +57,19 @@ def row_cosine(a, b):
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
     return (a * b).sum(axis=1) / np.maximum(norms, 1e-12)
 
+
+def neighbour_overlap(reference, candidate, k=10):
+    """For each row, the share of its k nearest other rows by cosine (k at most len - 1) that both
+    embeddings agree on, averaged over the rows; 1.0 when there are fewer than two rows."""
+    k = min(k, len(reference) - 1)
+    if k < 1:
+        return 1.0
+    neighbours = []
+    for rows in (reference, candidate):
+        rows = rows.reshape(len(rows), -1).astype(np.float64)
+        rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        similarity = rows @ rows.T
+        np.fill_diagonal(similarity, -np.inf)
+        neighbours.append(np.argpartition(-similarity, k - 1, axis=1)[:, :k])
+    shared = [len(np.intersect1d(a, b)) for a, b in zip(*neighbours)]
+    return float(np.mean(shared) / k)
