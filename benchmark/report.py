@@ -183,8 +183,9 @@ def _latency_table(latency):
     if not latency:
         return []
     lines = ["## One text per request", "",
-             "Short texts sent one at a time, against the same backend in-process. The service's overhead is its "
-             "p50 less the in-process p50 on one thread (one worker lane's share of the CPU).", "",
+             "Short texts sent one at a time, against the same backend in-process. A lone text runs on the lone "
+             "lane, which has every core, so the service's overhead is its p50 less the in-process p50 on every "
+             "core.", "",
              "| engine | sentences/s | p50 ms | p95 ms | p99 ms |", "|---|---|---|---|---|"]
     lines += [f"| {row['engine']} | {row['sentences_per_s']} | {row['p50_ms']} | {row['p95_ms']} | {row['p99_ms']} |"
               for row in latency["rows"]]
