@@ -105,6 +105,10 @@ def _markdown(results, plots, base):
         "Workloads (`benchmark/corpus.py`, generated offline): " + ", ".join(
             f"{kind} ≈ {tokens} tokens" for kind, tokens in results["mean_tokens"].items()) + ".", "",
     ]
+    dates = results.get("measured_on", {})
+    if len(set(dates.values())) > 1:  # some scenarios were rerun alone (--only)
+        lines += ["When each scenario was measured: " + ", ".join(f"{name} {date}" for name, date in dates.items())
+                  + ".", ""]
     lines += [f"![{Path(p).stem}]({_relative(base, 'results/' + Path(p).name)})" for p in plots] + [""]
     lines += _targets(results)
     lines += _batch_table(results.get("client_batches"))

@@ -26,6 +26,10 @@ sys.path.insert(0, str(HERE.parent))
 from benchmark import corpus, engines, load, report  # noqa: E402
 
 
+SCENARIOS = ("client_batches", "latency", "memory", "concurrency", "tiny_clients", "fairness", "variants", "graphs",
+             "accuracy")
+
+
 @dataclass
 class Plan:
     kinds: tuple = ("short", "medium", "long")
@@ -308,8 +312,7 @@ def main(argv=None):
                         help="infinity_emb executable for the peer baseline (default: found on PATH)")
     parser.add_argument("--out", default=str(HERE / "results"), help="folder for results.json and plots")
     parser.add_argument("--only", nargs="+", default=None,
-                        choices=("client_batches", "latency", "memory", "concurrency", "tiny_clients", "fairness",
-                                 "variants", "graphs", "accuracy"))
+                        choices=SCENARIOS)
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
 
@@ -329,10 +332,13 @@ def main(argv=None):
                "repeats": plan.repeats, "infinity": bool(args.infinity)}
     previous = out / "results.json"
     if args.only and previous.exists():
-        results = {**json.loads(previous.read_text()), **results}
+        earlier = json.loads(previous.read_text())
+        earlier.setdefault("measured_on", {name: earlier["machine"]["date"] for name in SCENARIOS if name in earlier})
+        results = {**earlier, **results}
     for name in chosen:
         started = time.monotonic()
         results[name] = getattr(suite, name)()
+        results.setdefault("measured_on", {})[name] = results["machine"]["date"]
         print(f"# {name} took {time.monotonic() - started:.0f}s", flush=True)
         previous.write_text(json.dumps(results, indent=2))
     default_out = out.resolve() == (HERE / "results").resolve()
