@@ -189,8 +189,9 @@ class Suite:
                 time.sleep(0.5)  # a last sample after the work
             rows.append({"workers": workers, "peak_rss_mb": engine.peak_rss_mb, "peak_pss_mb": engine.peak_pss_mb})
             _progress(rows[-1])
-        extra = {unit: round((rows[2][f"peak_{unit}_mb"] - rows[0][f"peak_{unit}_mb"]) / 2, 1) for unit in ("rss", "pss")}
-        base = {unit: round(rows[0][f"peak_{unit}_mb"] - extra[unit], 1) for unit in ("rss", "pss")}
+        units = ("rss", "pss")
+        extra = {unit: round((rows[2][f"peak_{unit}_mb"] - rows[0][f"peak_{unit}_mb"]) / 2, 1) for unit in units}
+        base = {unit: round(rows[0][f"peak_{unit}_mb"] - extra[unit], 1) for unit in units}
         from encoder_server.cpus import default_workers
         big_host = default_workers(64)
         return {"rows": rows, "per_extra_worker_mb": extra, "without_workers_mb": base,

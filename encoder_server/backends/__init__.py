@@ -59,4 +59,5 @@ def prepare_model_apart(settings, process_name="model"):
         try:
             return child.submit(prepare_model, settings).result()
         except BrokenProcessPool:
-            raise ConfigError("the process preparing the model died (killed, or out of memory); see the log above") from None
+            raise ConfigError("the process preparing the model died (killed, or out of memory); "
+                              "see the log above") from None

@@ -74,7 +74,8 @@ class Tokenizer:
         full = [i for i, row in enumerate(ids) if len(row) >= self.truncate_at]
         if not full:
             return {}
-        lengths = [len(row.ids) for row in self._whole.encode_batch([texts[i] for i in full], is_pretokenized=is_tokenized)]
+        whole = self._whole.encode_batch([texts[i] for i in full], is_pretokenized=is_tokenized)
+        lengths = [len(row.ids) for row in whole]
         return {i: length for i, length in zip(full, lengths) if length > self.truncate_at}
 
     def _prompt_length(self, prompt):
