@@ -17,21 +17,25 @@ def _recipe(**changes):
     return {**onnx_export.INT8_RECIPE, **changes}
 
 
-def variants(fp32_file, model_config):
-    """(name, builder) pairs; a builder writes its graph to the given path."""
+def variants(fp32_file, model_config, settings):
+    """(name, builder) pairs; a builder writes its graph to the given path. The int8 variants
+    change one thing in the served recipe."""
     import onnx
     ffn_out = [node.name for node in onnx.load(str(fp32_file)).graph.node if node.op_type == "MatMul"
                and node.name.endswith("/output/dense/MatMul") and "attention" not in node.name]
     return [
         ("fp32 (served)", None),
         ("fp32 + ORT transformer fusions", lambda f, t: _fused(f, t, model_config)),
-        ("int8 signed, per channel (served with --quantize int8)", lambda f, t: onnx_export.quantize(f, t)),
-        ("int8 signed, per tensor", lambda f, t: onnx_export.quantize(f, t, _recipe(per_channel=False))),
-        ("int8 unsigned, per channel", lambda f, t: onnx_export.quantize(f, t, _recipe(weight_type="QUInt8"))),
-        ("int8 signed, per channel, reduce_range",
-         lambda f, t: onnx_export.quantize(f, t, _recipe(reduce_range=True))),
-        ("int8 signed, per channel, FFN output MatMuls kept fp32",
-         lambda f, t: onnx_export.quantize(f, t, _recipe(exclude=tuple(ffn_out)))),
+        ("int8 signed, per channel, smoothed, layer 0's FFN output fp32 (served with --quantize int8)",
+         lambda f, t: onnx_export.quantize(f, t, settings)),
+        ("int8, not smoothed, every MatMul int8",
+         lambda f, t: onnx_export.quantize(f, t, settings, _recipe(smooth=(), exclude=()))),
+        ("int8, every MatMul int8 (smoothed)", lambda f, t: onnx_export.quantize(f, t, settings, _recipe(exclude=()))),
+        ("int8, per tensor", lambda f, t: onnx_export.quantize(f, t, settings, _recipe(per_channel=False))),
+        ("int8, unsigned", lambda f, t: onnx_export.quantize(f, t, settings, _recipe(weight_type="QUInt8"))),
+        ("int8, reduce_range", lambda f, t: onnx_export.quantize(f, t, settings, _recipe(reduce_range=True))),
+        ("int8, not smoothed, every FFN output MatMul fp32",
+         lambda f, t: onnx_export.quantize(f, t, settings, _recipe(smooth=(), exclude=tuple(ffn_out)))),
     ]
 
 
@@ -43,12 +47,12 @@ def _fused(source, target, config):
     fused.save_model_to_file(str(target))
 
 
-def screen(fp32_file, model_config, passes_by_kind, repeats):
+def screen(fp32_file, model_config, passes_by_kind, repeats, settings):
     """Rows of {variant, kind, sentences_per_s, min_cosine, mean_cosine}, on one thread like one worker."""
     reference = {kind: _run(_session(fp32_file), passes) for kind, passes in passes_by_kind.items()}
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for index, (name, build) in enumerate(variants(fp32_file, model_config)):
+        for index, (name, build) in enumerate(variants(fp32_file, model_config, settings)):
             path = fp32_file
             if build is not None:
                 path = Path(folder) / f"variant-{index}.onnx"

@@ -59,7 +59,8 @@ class Bench:
         """An int8 file with the served recipe, these nodes kept fp32 (a fresh name: ORT maps the weights)."""
         self.built += 1
         target = self.folder / f"variant-{self.built}.onnx"
-        onnx_export.quantize(self.fp32_file, target, {**onnx_export.INT8_RECIPE, "exclude": tuple(exclude)})
+        onnx_export.quantize(self.fp32_file, target, self.settings,
+                             {**onnx_export.INT8_RECIPE, "exclude": tuple(exclude)})
         return target
 
     def score(self, exclude, slices):

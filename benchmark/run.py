@@ -236,7 +236,7 @@ class Suite:
             passes_by_kind[kind] = [inputs for _, inputs in plan_passes(encoding, settings.max_batch_tokens,
                                                                         settings.max_batch_size, tokenizer.pad_id)]
         config = AutoConfig.from_pretrained(settings.model)
-        return graphs.screen(onnx_files(settings)[0], config, passes_by_kind, self.plan.repeats)
+        return graphs.screen(onnx_files(settings)[0], config, passes_by_kind, self.plan.repeats, settings)
 
     def accuracy(self):
         """Row cosine of each served configuration against sentence-transformers."""

@@ -105,3 +105,25 @@ def test_server_serves_int8_when_it_passes(tiny_model, tmp_path):
 def test_engine_choices_that_cannot_work_are_refused(tiny_model, choices, message):
     with pytest.raises(ConfigError, match=message):
         resolve(model=str(tiny_model), **choices)
+
+
+def test_smoothing_alone_leaves_the_fp32_output_unchanged(tiny_model, tmp_path):
+    import onnx
+
+    from encoder_server.backends import onnx_export
+
+    settings = settings_for(tiny_model, "onnx")
+    fp32_file, _ = onnx_files(settings)
+    model = onnx.load(str(fp32_file))
+    weights = {tensor.name for tensor in model.graph.initializer}
+    matmuls = {node.name: node.input[0] for node in model.graph.node
+               if node.op_type == "MatMul" and node.input[1] in weights}
+    maxima = onnx_export.activation_maxima(fp32_file, settings, set(matmuls.values()))
+    onnx_export.smooth(model.graph, maxima, set(matmuls), alpha=0.5, floor=0.5)
+    assert sum(node.op_type == "Mul" and node.name.endswith("/smooth") for node in model.graph.node) > 0
+    smoothed = tmp_path / "smoothed.onnx"
+    onnx.save(model, str(smoothed))
+    onnx_export.move_weights_out(smoothed)
+    expected = embed(settings)
+    actual = embed(dataclasses.replace(settings, onnx_file=str(smoothed)))
+    np.testing.assert_allclose(actual, expected, atol=1e-5, rtol=0)

@@ -40,7 +40,8 @@ def onnx_files(settings):
     """(fp32 file, served file) for these settings, building whatever the cache lacks."""
     fp32 = _cached(_key(settings, precision="fp32"), lambda target: onnx_export.export(settings, target))
     if settings.quantize == "int8":
-        return fp32, _cached(_key(settings, precision="int8"), lambda target: onnx_export.quantize(fp32, target))
+        return fp32, _cached(_key(settings, precision="int8"),
+                             lambda target: onnx_export.quantize(fp32, target, settings))
     if settings.fp16:
         return fp32, _cached(_key(settings, precision="fp16"), lambda target: onnx_export.to_fp16(fp32, target))
     return fp32, fp32

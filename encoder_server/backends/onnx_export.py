@@ -37,30 +37,118 @@ def export(settings, path):
 # Chosen by measurement (`python -m benchmark.run --only graphs`): signed per-channel weights were
 # the fastest int8 with a mean row cosine above 0.99 (VNNI runs them natively); per-tensor scales
 # fell to a min row cosine of 0.89, and unsigned weights were as accurate but ran at half the speed.
-# Quantizing every MatMul cost too much, though (min row cosine 0.983-0.986 and a top-10 neighbour
-# overlap of 0.92 on 320 mixed texts), so the costliest stay fp32: `python -m benchmark.int8_nodes`
-# ranks all-MiniLM-L6-v2's 36 weight MatMuls by the error each adds. The first layers' feed-forward
-# MatMuls cost the most; keeping those of layers 0-2 and the first of layer 3 in fp32 gave, on three
-# held-out slices (`--served`), a min row cosine of 0.994-0.995 and an overlap of 0.956-0.959, at
-# 1.48x fp32's speed on one AVX2 thread without VNNI (every MatMul int8: about 2.4x). The
-# patterns name BERT-style layers, so other models keep their first layers' FFNs too; that was
-# measured on this model only, and the start-up check still applies.
+# Quantizing every MatMul as is cost too much, though (min row cosine 0.982-0.986 and a top-10
+# neighbour overlap of 0.92 on 320 mixed texts): the activations, quantized per tensor, have
+# outlier channels (up to 20x the median channel's max in the first layers). So every MatMul's
+# input is smoothed first (SmoothQuant-like, see `smooth`): each channel whose max |x| on the
+# built-in SAMPLE texts is above the median channel's is divided by (max / median) ** 0.5, and its
+# weight row multiplied by the same, which leaves the fp32 output as it was. Only the first layer's
+# feed-forward output MatMul stays fp32. On all-MiniLM-L6-v2, on three held-out slices
+# (`python -m benchmark.int8_nodes --served`, AMD EPYC with AVX-512 VNNI, one thread): min row
+# cosine 0.995-0.996, mean 0.998, overlap 0.954-0.957, at 2.10x fp32's speed. The earlier recipe
+# (no smoothing, the FFN MatMuls of layers 0-2 and layer 3's first kept fp32) gave min 0.994-0.995,
+# overlap 0.956-0.959 at 1.53x; every MatMul int8 and smoothed, overlap 0.946-0.952. Tried and
+# worse: SmoothQuant's own scales max|x|^a / max|w|^(1-a) (a = 0.15-0.9; min 0.49-0.99, overlap at
+# most 0.946), likely because they also scale up channels that SAMPLE leaves quiet; smoothing only
+# the FFN MatMuls (overlap at most 0.948). Measured on this model only; the pattern names
+# BERT-style layers, and the start-up check still applies.
 INT8_RECIPE = {"weight_type": "QInt8", "per_channel": True, "reduce_range": False,
-               "exclude": (r".*/layer\.[0-2]/(intermediate|output)/dense/MatMul", r".*/layer\.3/intermediate/dense/MatMul")}
+               "smooth": (r".*",), "smooth_alpha": 0.5, "smooth_floor": 0.5,
+               "exclude": (r".*/layer\.0/output/dense/MatMul",)}
 
 
-def quantize(source, target, recipe=None):
-    """Dynamic int8 weights on every MatMul with a weight, except the nodes the recipe excludes."""
+def quantize(source, target, settings, recipe=None):
+    """Dynamic int8 weights on every MatMul with a weight, except the nodes the recipe excludes;
+    the inputs of those the recipe's "smooth" patterns name are smoothed first, with activation
+    maxima measured on SAMPLE through the tokenizer of `settings` (those the fp32 file was
+    exported for)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     recipe = recipe or INT8_RECIPE
-    exclude = excluded_nodes(onnx.load(str(source), load_external_data=False).graph, recipe["exclude"])
-    quantize_dynamic(str(source), str(target), weight_type=QuantType[recipe["weight_type"]],
+    model = str(source)
+    graph = onnx.load(model, load_external_data=False).graph
+    exclude = excluded_nodes(graph, recipe["exclude"])
+    weights = {tensor.name for tensor in graph.initializer}
+    inputs = {node.name: node.input[0] for node in graph.node
+              if node.op_type == "MatMul" and node.input[1] in weights}
+    smoothed = [name for name in excluded_nodes(graph, recipe.get("smooth", ()))
+                if name in inputs and name not in exclude]
+    if smoothed:
+        model = onnx.load(model)
+        maxima = activation_maxima(source, settings, {inputs[name] for name in smoothed})
+        smooth(model.graph, maxima, smoothed, recipe["smooth_alpha"], recipe["smooth_floor"])
+    quantize_dynamic(model, str(target), weight_type=QuantType[recipe["weight_type"]],
                      per_channel=recipe["per_channel"], reduce_range=recipe["reduce_range"],
                      op_types_to_quantize=["MatMul"], nodes_to_exclude=exclude,
                      extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     move_weights_out(target)
+
+
+def smooth(graph, maxima, nodes, alpha, floor):
+    """Rewrite `graph` (weights loaded) in place so that the named MatMul nodes see flatter inputs
+    and compute the same: for each input x with per-channel maxima m = maxima[x] (max |x| over
+    tokens), channel j is divided by s_j = max(m_j / t, 1) ** alpha, t the `floor` quantile of m,
+    by one Mul that the nodes reading x share, and row j of each node's weight is multiplied by
+    s_j. A node whose weight is not an initializer of its own is left alone."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    weights = {tensor.name: tensor for tensor in graph.initializer}
+    readers = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    chosen = [node for node in graph.node if node.name in nodes and node.op_type == "MatMul"
+              and node.input[1] in weights and readers[node.input[1]] == 1]
+    scaled = {}  # input -> (its smoothed name, s)
+    for node in chosen:
+        source = node.input[0]
+        if source not in scaled:
+            high = np.asarray(maxima[source], dtype=np.float64)
+            scale = np.maximum(high / max(np.quantile(high, floor), 1e-12), 1.0) ** alpha
+            scaled[source] = (f"{source}/smoothed", scale)
+            divisor = numpy_helper.from_array((1 / scale).astype(np.float32), f"{source}/smooth_scale")
+            graph.initializer.append(divisor)
+            mul = helper.make_node("Mul", [source, divisor.name], [scaled[source][0]], name=f"{source}/smooth")
+            graph.node.insert(list(graph.node).index(node), mul)  # before the first reader: still sorted
+        name, scale = scaled[source]
+        weight = weights[node.input[1]]
+        array = numpy_helper.to_array(weight)
+        weight.CopyFrom(numpy_helper.from_array((array * scale[:, None]).astype(np.float32), weight.name))
+        node.input[0] = name
+    return graph
+
+
+def activation_maxima(path, settings, tensors, texts=None):
+    """{tensor: per-channel max |x| over the real tokens of `texts` (default: the int8 check's
+    SAMPLE)} for these float tensors of the ONNX file; texts run one at a time, so no padding."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from .passes import Pass
+    from .quantization_check import SAMPLE
+    from .tokenizer import Tokenizer
+
+    model = onnx.load(str(path))
+    tensors = sorted(tensors)
+    model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in tensors)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every tensor
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    tokenizer = Tokenizer(settings.encoder_path, settings.truncate_at, settings.pooling.mask_cls_sep,
+                          settings.include_prompt)
+    encoding = tokenizer.tokenize(SAMPLE if texts is None else texts)
+    maxima = {}
+    for ids, pooled in zip(encoding.ids, encoding.pooled):
+        one = Pass.pad([ids], [pooled], tokenizer.pad_id)
+        feed = {item.name: getattr(one, item.name) for item in session.get_inputs()}
+        for name, value in zip(tensors, session.run(tensors, feed)):
+            high = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
+            maxima[name] = np.maximum(maxima.get(name, high), high)
+    return maxima
 
 
 def excluded_nodes(graph, patterns):
