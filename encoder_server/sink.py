@@ -100,9 +100,10 @@ class Sink:
 
     def handle(self, message):
         if isinstance(message, messages.Part):
+            # DONE first: the ventilator then knows the worker is free before the client can send again
+            self.feedback.send_multipart(messages.Done(message.job_id).frames())
             self.publish_result(self.assembler.add_part(message.seq, message.offset, message.array, message.tokens,
                                                         message.num_tokens, message.truncated))
-            self.feedback.send_multipart(messages.Done(message.job_id).frames())
         elif isinstance(message, messages.Register):
             self.publish_result(self.assembler.register(message.seq, message.registration))
         elif isinstance(message, messages.Publish):

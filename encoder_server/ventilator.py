@@ -76,12 +76,12 @@ class Ventilator:
                     break
             poller.register(self.frontend, 0 if len(self.unsent) >= UNSENT_LIMIT else zmq.POLLIN)
             events = dict(poller.poll(POLL_MS))
+            if self.from_sink in events:  # first: a request is scheduled knowing which workers are free
+                self.on_feedback(self.from_sink.recv_multipart())
             if self.frontend in events:
                 self.on_client(self.frontend.recv_multipart(copy=False))
             if self.backend in events:
                 self.on_worker(self.backend.recv_multipart())
-            if self.from_sink in events:
-                self.on_feedback(self.from_sink.recv_multipart())
             if self.supervisor is not None and self.supervisor.fileno() in events:
                 self.on_supervisor(poller, stop)
             self.flush_to_sink()
