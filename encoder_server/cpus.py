@@ -16,6 +16,10 @@ from pathlib import Path
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 MAX_DEFAULT_WORKERS = 8
+# threads of the lone lane (worker 0's session for a single text on an idle server); a pass of one
+# short text has little to share out, so past this many (a guess: measured on 2 cores only) the
+# extra threads would mostly spin
+MAX_LONE_THREADS = 8
 
 
 def usable_cpus(cgroup_root=CGROUP_ROOT, proc_cgroup="/proc/self/cgroup"):
@@ -26,6 +30,10 @@ def usable_cpus(cgroup_root=CGROUP_ROOT, proc_cgroup="/proc/self/cgroup"):
 
 def default_workers(cpus):
     return min(cpus, MAX_DEFAULT_WORKERS)
+
+
+def lone_lane_threads():
+    return min(usable_cpus(), MAX_LONE_THREADS)
 
 
 def cgroup_cpu_quota(root, proc_cgroup):

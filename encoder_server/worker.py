@@ -27,7 +27,7 @@ from encoder_client.protocol import BAD_REQUEST
 from . import fault_injection, messages
 from .backends.embedder import Embedder
 from .batching import BULK, PRIORITY, BatchPlanner, Tokenized
-from .cpus import usable_cpus
+from .cpus import lone_lane_threads
 from .liveness import HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS
 from .metrics import Metrics
 from .runtime import POLL_MS, make_socket, start_child
@@ -192,7 +192,7 @@ def run_worker(settings, endpoints, index, remote=False, started=None):
     name = f"{socket.gethostname()}/worker-{index}" if remote else f"worker-{index}"
     log, stop = start_child(name, settings.verbose)
     try:
-        lone_threads = usable_cpus() if index == 0 and not remote else 0  # one lone lane per host is enough
+        lone_threads = lone_lane_threads() if index == 0 and not remote else 0  # one lone lane per host is enough
         worker = Worker(settings, endpoints, f"{name}:{os.getpid()}", log, stop, remote, lone_threads)
     except Exception as error:
         _report_start(started, " ".join(f"{type(error).__name__}: {error}".split()))
