@@ -80,6 +80,16 @@ def test_an_entry_without_a_readable_checksum_list_is_built_again(cache, caplog,
                if record.levelno == logging.WARNING)
 
 
+def test_a_build_killed_mid_way_leaves_nothing_behind_after_the_next_build(cache):
+    stale = cache / ".build-entry-abc123"  # what a builder killed by SIGKILL leaves: its staging folder
+    (stale / "scratch").mkdir(parents=True)
+    (stale / "model.onnx").write_bytes(b"half")
+    other = cache / ".build-other-abc123"  # another entry's build, perhaps running now: not ours to touch
+    other.mkdir()
+    model_cache._cached("entry", CountingBuild())
+    assert sorted(path.name for path in cache.iterdir()) == [".build-other-abc123", "entry", "entry.lock"]
+
+
 def test_a_failed_build_leaves_no_entry_and_the_next_one_builds(cache):
     def broken(target):
         target.write_bytes(b"half")

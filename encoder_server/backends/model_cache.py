@@ -60,7 +60,9 @@ def _cached(key, build):
             log.warning("cached ONNX entry unusable: %s; building it again", damage)
         log.info("building %s (once; later starts reuse it)", target)
         shutil.rmtree(folder, ignore_errors=True)  # a build interrupted before it was complete
-        staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".build-"))
+        for stale in folder.parent.glob(f".build-{key}-*"):  # left by a builder killed mid-way; we hold its lock
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".build-{key}-"))
         try:
             with _scratch_folder(staging / "scratch"):
                 build(staging / "model.onnx")
