@@ -21,6 +21,7 @@ from benchmark import corpus
 from encoder_server.backends import onnx_export
 from encoder_server.backends.embedder import Embedder
 from encoder_server.backends.quantization_check import neighbour_overlap, row_cosine
+from encoder_server.backends.smoothing import weight_matmuls
 from encoder_server.settings import resolve
 
 MIX = {"short": 128, "medium": 128, "long": 64}
@@ -37,9 +38,7 @@ def cached_fp32():
 def quantizable(path):
     """The MatMul nodes whose weight is an initializer, in graph order."""
     import onnx
-    graph = onnx.load(str(path), load_external_data=False).graph
-    weights = {tensor.name for tensor in graph.initializer}
-    return [node.name for node in graph.node if node.op_type == "MatMul" and any(i in weights for i in node.input)]
+    return list(weight_matmuls(onnx.load(str(path), load_external_data=False).graph))
 
 
 def mixed(seed):
@@ -127,7 +126,7 @@ def select(bench, ranked, held_out):
 def served(bench, reference):
     import onnx
     graph = onnx.load(str(bench.fp32_file), load_external_data=False).graph
-    exclude = onnx_export.excluded_nodes(graph, onnx_export.INT8_RECIPE["exclude"])
+    exclude = onnx_export.matching_matmuls(graph, onnx_export.INT8_RECIPE["exclude"])
     print(f"served recipe keeps {len(exclude)} MatMuls fp32: {exclude}")
     slices = [(texts, reference.embed_texts(texts)) for texts in map(mixed, (1, 2, 3))]
     for index, result in enumerate(bench.score(exclude, slices)):

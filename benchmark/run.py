@@ -229,7 +229,7 @@ class Suite:
         from encoder_server.settings import resolve
 
         settings = resolve(model=self.model)
-        tokenizer = Tokenizer(settings.model, settings.truncate_at)
+        tokenizer = Tokenizer.for_settings(settings)
         passes_by_kind = {}
         for kind in self.plan.kinds:
             encoding = tokenizer.tokenize(corpus.texts(kind, self.plan.texts[kind]))

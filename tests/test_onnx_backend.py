@@ -111,15 +111,14 @@ def test_smoothing_alone_leaves_the_fp32_output_unchanged(tiny_model, tmp_path):
     import onnx
 
     from encoder_server.backends import onnx_export
+    from encoder_server.backends.smoothing import activation_maxima, smooth, weight_matmuls
 
     settings = settings_for(tiny_model, "onnx")
     fp32_file, _ = onnx_files(settings)
     model = onnx.load(str(fp32_file))
-    weights = {tensor.name for tensor in model.graph.initializer}
-    matmuls = {node.name: node.input[0] for node in model.graph.node
-               if node.op_type == "MatMul" and node.input[1] in weights}
-    maxima = onnx_export.activation_maxima(fp32_file, settings, set(matmuls.values()))
-    onnx_export.smooth(model.graph, maxima, set(matmuls), alpha=0.5, floor=0.5)
+    matmuls = weight_matmuls(model.graph)
+    maxima = activation_maxima(fp32_file, settings, set(matmuls.values()))
+    smooth(model.graph, maxima, set(matmuls), alpha=0.5, floor=0.5)
     assert sum(node.op_type == "Mul" and node.name.endswith("/smooth") for node in model.graph.node) > 0
     smoothed = tmp_path / "smoothed.onnx"
     onnx.save(model, str(smoothed))

@@ -22,8 +22,7 @@ class Embedder:
         second session with that many threads, for passes that `run` is told are alone on the
         host: a lone request then has every core (it costs the packed weights once more)."""
         self.settings = settings
-        self.tokenizer = Tokenizer(settings.encoder_path, settings.truncate_at, settings.pooling.mask_cls_sep,
-                                   settings.include_prompt)
+        self.tokenizer = Tokenizer.for_settings(settings)
         self.backend = load_backend(settings)
         self.lone_backend = None
         if lone_threads > settings.threads_per_worker and settings.backend == "onnx" and settings.device == "cpu":

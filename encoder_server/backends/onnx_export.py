@@ -5,11 +5,9 @@ weights in `<file>.data` beside it (see model_cache).
 ONNX Runtime's offline transformer fusions (Attention, SkipLayerNormalization) are not applied:
 they kept the row cosine at 0.9999999 but ran 1-12% slower on the CPUs measured than the session's
 own optimizations (`python -m benchmark.run --only graphs`)."""
-import logging
 import re
 import warnings
 
-log = logging.getLogger(__name__)
 OPSET = 17
 OUTPUT_NAME = "embeddings"
 
@@ -40,7 +38,7 @@ def export(settings, path):
 # Quantizing every MatMul as is cost too much, though (min row cosine 0.982-0.986 and a top-10
 # neighbour overlap of 0.92 on 320 mixed texts): the activations, quantized per tensor, have
 # outlier channels (up to 20x the median channel's max in the first layers). So every MatMul's
-# input is smoothed first (SmoothQuant-like, see `smooth`): each channel whose max |x| on the
+# input is smoothed first (SmoothQuant-like, see smoothing.py): each channel whose max |x| on the
 # built-in SAMPLE texts is above the median channel's is divided by (max / median) ** 0.5, and its
 # weight row multiplied by the same, which leaves the fp32 output as it was. Only the first layer's
 # feed-forward output MatMul stays fp32. On all-MiniLM-L6-v2, on three held-out slices
@@ -65,17 +63,15 @@ def quantize(source, target, settings, recipe=None):
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    from .smoothing import activation_maxima, smooth, weight_matmuls
+
     recipe = recipe or INT8_RECIPE
-    model = str(source)
-    graph = onnx.load(model, load_external_data=False).graph
-    exclude = excluded_nodes(graph, recipe["exclude"])
-    weights = {tensor.name for tensor in graph.initializer}
-    inputs = {node.name: node.input[0] for node in graph.node
-              if node.op_type == "MatMul" and node.input[1] in weights}
-    smoothed = [name for name in excluded_nodes(graph, recipe.get("smooth", ()))
-                if name in inputs and name not in exclude]
+    graph = onnx.load(str(source), load_external_data=False).graph
+    exclude = matching_matmuls(graph, recipe["exclude"])
+    inputs = weight_matmuls(graph)
+    smoothed = [name for name in matching_matmuls(graph, recipe["smooth"]) if name in inputs and name not in exclude]
+    model = onnx.load(str(source))
     if smoothed:
-        model = onnx.load(model)
         maxima = activation_maxima(source, settings, {inputs[name] for name in smoothed})
         smooth(model.graph, maxima, smoothed, recipe["smooth_alpha"], recipe["smooth_floor"])
     quantize_dynamic(model, str(target), weight_type=QuantType[recipe["weight_type"]],
@@ -85,73 +81,7 @@ def quantize(source, target, settings, recipe=None):
     move_weights_out(target)
 
 
-def smooth(graph, maxima, nodes, alpha, floor):
-    """Rewrite `graph` (weights loaded) in place so that the named MatMul nodes see flatter inputs
-    and compute the same: for each input x with per-channel maxima m = maxima[x] (max |x| over
-    tokens), channel j is divided by s_j = max(m_j / t, 1) ** alpha, t the `floor` quantile of m,
-    by one Mul that the nodes reading x share, and row j of each node's weight is multiplied by
-    s_j. A node whose weight is not an initializer of its own is left alone."""
-    import numpy as np
-    from onnx import helper, numpy_helper
-
-    weights = {tensor.name: tensor for tensor in graph.initializer}
-    readers = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    chosen = [node for node in graph.node if node.name in nodes and node.op_type == "MatMul"
-              and node.input[1] in weights and readers[node.input[1]] == 1]
-    scaled = {}  # input -> (its smoothed name, s)
-    for node in chosen:
-        source = node.input[0]
-        if source not in scaled:
-            high = np.asarray(maxima[source], dtype=np.float64)
-            scale = np.maximum(high / max(np.quantile(high, floor), 1e-12), 1.0) ** alpha
-            scaled[source] = (f"{source}/smoothed", scale)
-            divisor = numpy_helper.from_array((1 / scale).astype(np.float32), f"{source}/smooth_scale")
-            graph.initializer.append(divisor)
-            mul = helper.make_node("Mul", [source, divisor.name], [scaled[source][0]], name=f"{source}/smooth")
-            graph.node.insert(list(graph.node).index(node), mul)  # before the first reader: still sorted
-        name, scale = scaled[source]
-        weight = weights[node.input[1]]
-        array = numpy_helper.to_array(weight)
-        weight.CopyFrom(numpy_helper.from_array((array * scale[:, None]).astype(np.float32), weight.name))
-        node.input[0] = name
-    return graph
-
-
-def activation_maxima(path, settings, tensors, texts=None):
-    """{tensor: per-channel max |x| over the real tokens of `texts` (default: the int8 check's
-    SAMPLE)} for these float tensors of the ONNX file; texts run one at a time, so no padding."""
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-
-    from .passes import Pass
-    from .quantization_check import SAMPLE
-    from .tokenizer import Tokenizer
-
-    model = onnx.load(str(path))
-    tensors = sorted(tensors)
-    model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in tensors)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every tensor
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    tokenizer = Tokenizer(settings.encoder_path, settings.truncate_at, settings.pooling.mask_cls_sep,
-                          settings.include_prompt)
-    encoding = tokenizer.tokenize(SAMPLE if texts is None else texts)
-    maxima = {}
-    for ids, pooled in zip(encoding.ids, encoding.pooled):
-        one = Pass.pad([ids], [pooled], tokenizer.pad_id)
-        feed = {item.name: getattr(one, item.name) for item in session.get_inputs()}
-        for name, value in zip(tensors, session.run(tensors, feed)):
-            high = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
-            maxima[name] = np.maximum(maxima.get(name, high), high)
-    return maxima
-
-
-def excluded_nodes(graph, patterns):
+def matching_matmuls(graph, patterns):
     """The graph's MatMul nodes whose whole name matches one of the patterns (regular expressions;
     a plain node name matches itself)."""
     return [node.name for node in graph.node

@@ -40,6 +40,11 @@ class Tokenizer:
         self.special_ids = {i for i, token in self._tokenizer.get_added_tokens_decoder().items() if token.special}
         self._prompt_lengths = {}
 
+    @classmethod
+    def for_settings(cls, settings):
+        """The tokenizer that resolved settings describe (model folder, truncation, pooled tokens)."""
+        return cls(settings.encoder_path, settings.truncate_at, settings.pooling.mask_cls_sep, settings.include_prompt)
+
     def tokenize(self, texts, is_tokenized=False, with_tokens=False, prompt=""):
         """Texts (or, with is_tokenized, lists of words) as an Encoding, each prefixed by `prompt`."""
         if prompt:
