@@ -43,7 +43,7 @@ def export(settings, path):
 # weight row multiplied by the same, which leaves the fp32 output as it was. Only the first layer's
 # feed-forward output MatMul stays fp32. On all-MiniLM-L6-v2, on three held-out slices
 # (`python -m benchmark.int8_nodes --served`, AMD EPYC with AVX-512 VNNI, one thread): min row
-# cosine 0.995-0.996, mean 0.998, overlap 0.954-0.957, at 2.10x fp32's speed. The earlier recipe
+# cosine 0.995-0.996, mean 0.998, overlap 0.954-0.957, at 1.94-2.10x fp32's speed (three runs). The earlier recipe
 # (no smoothing, the FFN MatMuls of layers 0-2 and layer 3's first kept fp32) gave min 0.994-0.995,
 # overlap 0.956-0.959 at 1.53x; every MatMul int8 and smoothed, overlap 0.946-0.952. Tried and
 # worse: SmoothQuant's own scales max|x|^a / max|w|^(1-a) (a = 0.15-0.9; min 0.49-0.99, overlap at
