@@ -75,6 +75,16 @@ def worker(args):
     return join_server(args)
 
 
+def bulk(args):
+    try:
+        from .bulk.command import bulk as run_bulk
+    except ImportError as error:
+        print(f"encoder-server bulk needs Ray Data and pyarrow ({error}): pip install 'encoder-server[ray]'",
+              file=sys.stderr)
+        return 2
+    return run_bulk(args)
+
+
 def _client(args):
     from encoder_client import EncoderClient
 
@@ -131,7 +141,7 @@ def _port_open(host, port):
 def _parser():
     parser = argparse.ArgumentParser(prog="encoder-server", description="Sentence embeddings over ZeroMQ.")
     parser.add_argument("--version", action="version", version=__version__)
-    commands = parser.add_subparsers(required=True, metavar="{start,stop,status,check,keygen,http,worker}")
+    commands = parser.add_subparsers(required=True, metavar="{start,stop,status,check,keygen,http,worker,bulk}")
 
     for name, handler, summary in (("start", start, "start a server in the foreground"),
                                    ("check", check, "start a server with these choices on free ports, encode a "
@@ -185,12 +195,47 @@ def _parser():
     _add_choice(workers, "verbose")
     _add_choice(workers, "log_format")
 
+    _add_bulk(commands)
+
     keys = commands.add_parser("keygen", help="write a CURVE key pair (NAME.key and NAME.key_secret)",
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     keys.set_defaults(run=keygen)
     keys.add_argument("directory", help="folder to write the keys to")
     keys.add_argument("--name", default="server", help="file name of the pair")
     return parser
+
+
+def _add_bulk(commands):
+    bulk_job = commands.add_parser(
+        "bulk", help="embed a column of a Parquet, JSONL or CSV file into Parquet files, on Ray (the `ray` extra)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="OUTPUT gets part-NNNNN.parquet files (an id column and an `embedding` column of float32 lists), "
+               "each written whole; running the same command again skips the finished ones.")
+    bulk_job.set_defaults(run=bulk)
+    bulk_job.add_argument("input", help="a .parquet, .jsonl or .csv file (.jsonl and .csv may be compressed)")
+    bulk_job.add_argument("output", help="folder for the Parquet shards (created if missing)")
+    bulk_job.add_argument("--column", default="text", help="the column holding the texts")
+    bulk_job.add_argument("--id-column", help="a column to write beside each embedding (default: `id`, the row "
+                                              "number in INPUT, from 0)")
+    bulk_job.add_argument("--shard-rows", type=_positive_int, default=10_000, help="rows per output file")
+    bulk_job.add_argument("--ray-address", help="an existing Ray cluster (default: start Ray on this host)")
+    bulk_job.add_argument("--actors", type=_positive_int, help="embedding actors (default: the cluster's CPUs / "
+                                                               "--cpus-per-actor)")
+    bulk_job.add_argument("--cpus-per-actor", type=float, help="CPUs of each actor, its model's threads (default 1; "
+                                                               "0.25 with --connect)")
+    bulk_job.add_argument("--connect", help="embed through a running server at this address instead of a model in "
+                                            "each actor")
+    _add_server_address(bulk_job, 600.0)
+    for name in ("model", "pooling_strategy", "pooling_layer", "max_seq_len", "normalize", "quantize", "backend"):
+        _add_choice(bulk_job, name)
+    bulk_job.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _add_choice(parser, name, **overrides):
