@@ -39,10 +39,10 @@ def timed_process(command, env=None):
     return seconds, peak, round(sampler.peak_pss_mb, 1), out
 
 
-def bulk_once(source, work, extra=()):
+def bulk_once(source, work, shard_rows, extra=()):
     output = Path(tempfile.mkdtemp(dir=work))
     return timed_process([sys.executable, "-m", "encoder_server.cli", "bulk", str(source), str(output), "--quiet",
-                          *extra])
+                          "--shard-rows", str(shard_rows), *extra])
 
 
 def client_once(texts, work):
@@ -71,14 +71,14 @@ def sentence_transformers_once(source):
     return float(out.strip().splitlines()[-1]), peak, pss
 
 
-def two_node_split(source, work):
+def two_node_split(source, work, shard_rows):
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
-        seconds, _, _, out = bulk_once(source, work, ["--ray-address", cluster.address, "--actors", "2"])
+        seconds, _, _, out = bulk_once(source, work, shard_rows, ["--ray-address", cluster.address, "--actors", "2"])
     finally:
         cluster.shutdown()
     return seconds, out.split("shards written per Ray node: ")[1].splitlines()[0]
@@ -88,14 +88,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--texts", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shard-rows", type=int, help="default: texts / 16, at most 10,000, so every actor works")
     args = parser.parse_args(argv)
+    shard_rows = args.shard_rows or min(10_000, max(100, args.texts // 16))
     work = tempfile.mkdtemp(prefix="bench-bulk-")
     texts = corpus_texts("medium", args.texts)
     source = Path(work) / "medium.parquet"
     pq.write_table(pa.table({"text": texts}), source)
     runs = {"bulk (local Ray)": [], "EncoderClient.encode(show_progress=True)": [], "SentenceTransformer.encode": []}
     for _ in range(args.repeats):               # interleaved, so drift hits all three alike
-        seconds, peak, pss, _ = bulk_once(source, work)
+        seconds, peak, pss, _ = bulk_once(source, work, shard_rows)
         runs["bulk (local Ray)"].append((seconds, peak, pss))
         runs["EncoderClient.encode(show_progress=True)"].append(client_once(texts, work))
         runs["SentenceTransformer.encode"].append(sentence_transformers_once(source))
@@ -106,7 +108,7 @@ def main(argv=None):
     base = report["EncoderClient.encode(show_progress=True)"]["texts_per_s"]
     for row in report.values():
         row["vs_client"] = round(row["texts_per_s"] / base, 2)
-    seconds, split = two_node_split(source, work)
+    seconds, split = two_node_split(source, work, shard_rows)
     report["bulk, two-node Ray cluster on this host"] = {"texts_per_s": round(args.texts / seconds, 1),
                                                          "shards_per_node": split}
     print(json.dumps({"texts": args.texts, "kind": "medium", "cpus": os.cpu_count(), "results": report}, indent=1))

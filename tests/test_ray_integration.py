@@ -26,7 +26,7 @@ BATCH = 40
 def local_ray():
     import ray.data
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     context.execution_options.preserve_order = True

@@ -76,8 +76,9 @@ def _embed(args, plan, output, todo, done_rows):
 
 
 def _connect_ray(address):
-    """A local Ray on this host's usable CPUs, or the cluster at `address`, quietly (Ray's own
-    progress bars and notices off: the command shows its own bar)."""
+    """A new local Ray on this host's usable CPUs (never a cluster that happens to run here), or
+    the cluster at `address`, quietly (Ray's own progress bars and notices off: the command
+    shows its own bar)."""
     os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     import ray
@@ -85,5 +86,5 @@ def _connect_ray(address):
     from ..cpus import usable_cpus
 
     local = {} if address else {"num_cpus": usable_cpus(), "include_dashboard": False}
-    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, **local)
+    ray.init(address=address or "local", logging_level=logging.ERROR, log_to_driver=False, **local)
     return ray
