@@ -2,8 +2,8 @@
 from .aio import AsyncEncoderClient, EncodeResult
 from .client import EncoderClient
 from .concurrent import ConcurrentEncoderClient
-from .errors import ConnectionLostError, RequestTooLargeError, ServerBusyError, ServerError
+from .errors import ConnectionLostError, IdentityRefusedError, RequestTooLargeError, ServerBusyError, ServerError
 
 __version__ = "0.1.0"
 __all__ = ["EncoderClient", "AsyncEncoderClient", "EncodeResult", "ConcurrentEncoderClient", "ServerError",
-           "ServerBusyError", "ConnectionLostError", "RequestTooLargeError", "__version__"]
+           "ServerBusyError", "ConnectionLostError", "IdentityRefusedError", "RequestTooLargeError", "__version__"]

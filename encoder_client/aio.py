@@ -11,9 +11,9 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from .errors import ConnectionLostError, ServerBusyError, reply_error
+from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
 from .keys import as_identity, curve_keys
-from .protocol import ReplyReader, encode_request
+from .protocol import ReplyReader, decode_reply, encode_request, refusal_topic, topic
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
 from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket
@@ -34,20 +34,24 @@ class AsyncEncoderClient:
 
     ``async with AsyncEncoderClient(...) as client: vectors = await client.encode(texts)``.
     `timeout` (seconds, None waits forever) bounds every wait on the server and travels with each
-    request as its deadline; connecting gives up after `timeout` or 10 s. Keys as EncoderClient.
+    request as its deadline; connecting gives up after `timeout` or 10 s, and raises
+    IdentityRefusedError for an identity the server refuses. Keys as EncoderClient.
     """
 
     def __init__(self, host="localhost", port=5555, port_out=5556, identity=None, timeout=None,
                  server_key=None, client_key=None):
         self.identity = as_identity(identity)
+        self._topic, self._refusal_topic = topic(self.identity), refusal_topic(self.identity)
         self.timeout = timeout
         self.address = f"tcp://{host}:{port}"
         self._curve = curve_keys(server_key, client_key)
         self._context = zmq.asyncio.Context.instance()
         self._sender = self._socket(zmq.PUSH, f"tcp://{host}:{port}")
         self._receiver = self._socket(zmq.SUB, f"tcp://{host}:{port_out}")
-        self._receiver.setsockopt(zmq.SUBSCRIBE, self.identity)
+        self._receiver.setsockopt(zmq.SUBSCRIBE, self._topic)
         self._monitors = break_monitors(self._sender, self._receiver)
+        self._connected = False
+        self._refusal = None    # the server's refusal of our identity, while connecting
         self._waiting = {}      # req_id -> future of its Reply
         self._replies = ReplyReader()
         self._listeners = set()
@@ -70,6 +74,7 @@ class AsyncEncoderClient:
             except (TimeoutError, ConnectionLostError):
                 continue
             self._max_request_bytes = max_request_bytes(config)
+            self._connected = True
             return self
         raise TimeoutError(f"no answer from an encoder-server at {self.address} within {timeout:g}s; "
                            "is it running, and are port and port_out right?")
@@ -150,6 +155,8 @@ class AsyncEncoderClient:
         """Send one request and wait for its reply (an error reply raises)."""
         if self._closed:
             raise ConnectionLostError("the client is closed")
+        if self._refusal is not None:
+            raise self._refusal
         if not self._tasks:
             await self.connect()
         timeout = self.timeout if timeout is None else timeout
@@ -170,8 +177,11 @@ class AsyncEncoderClient:
     async def _read_replies(self):
         while True:
             frames = await self._receiver.recv_multipart()
-            if frames[0] != self.identity:
-                continue  # SUB matches by prefix; we want our identity exactly
+            if frames[0] == self._refusal_topic and not self._connected:
+                self._refusal = identity_refused(self.address, decode_reply(frames))
+                self._fail_waiting(self._refusal)
+            if frames[0] != self._topic:
+                continue  # a refusal of another subscriber of our identity: not ours
             reply = self._replies.read(frames)
             if reply is None:
                 continue  # more of a streamed result is to come
@@ -197,6 +207,9 @@ class AsyncEncoderClient:
             waiting = list(self._waiting.values())
             if not event & AUTH_FAILED:
                 await asyncio.sleep(LOST_GRACE_S)  # replies already on their way still arrive
-            for future in waiting:
-                if not future.done():
-                    future.set_exception(error)
+            self._fail_waiting(error, waiting)
+
+    def _fail_waiting(self, error, waiting=None):
+        for future in self._waiting.values() if waiting is None else waiting:
+            if not future.done():
+                future.set_exception(error)

@@ -10,10 +10,10 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .errors import ConnectionLostError, ServerBusyError, reply_error
+from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
 from .keys import as_identity, curve_keys
 from .progress import PROGRESS_CHUNK, chunks, progress_bar
-from .protocol import ReplyReader, encode_request
+from .protocol import ReplyReader, decode_reply, encode_request, refusal_topic, topic
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
 from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket
@@ -26,7 +26,8 @@ class EncoderClient:
 
     `timeout` is in seconds for every wait on the server; None waits forever, except while
     connecting, which gives up after `timeout` or 10 s and raises TimeoutError. The server drops
-    work still queued when the timeout has passed.
+    work still queued when the timeout has passed. An `identity` the server refuses (under CURVE,
+    one another client key uses) raises IdentityRefusedError while connecting.
 
     With a server started with --server-key, pass its public key file as `server_key` and this
     client's .key_secret file as `client_key` (from `encoder-server keygen`).
@@ -37,6 +38,7 @@ class EncoderClient:
         if output_fmt not in ("ndarray", "list"):
             raise ValueError('output_fmt must be "ndarray" or "list"')
         self.identity = as_identity(identity)
+        self._topic, self._refusal_topic = topic(self.identity), refusal_topic(self.identity)
         self.timeout = timeout
         self.output_fmt = output_fmt
         self.address = f"tcp://{host}:{port}"
@@ -44,8 +46,9 @@ class EncoderClient:
         self._curve = curve_keys(server_key, client_key)
         self._sender = self._socket(zmq.PUSH, f"tcp://{host}:{port}")
         self._receiver = self._socket(zmq.SUB, f"tcp://{host}:{port_out}")
-        self._receiver.setsockopt(zmq.SUBSCRIBE, self.identity)
+        self._receiver.setsockopt(zmq.SUBSCRIBE, self._topic)
         self._monitors = break_monitors(self._sender, self._receiver)
+        self._connected = False
         self._pending = {}
         self._replies = ReplyReader()
         self._arrived = {}
@@ -196,6 +199,7 @@ class EncoderClient:
                 continue
             self._max_request_bytes = max_request_bytes(config)
             self._max_pending_texts = config.get("max_pending_texts")
+            self._connected = True
             return
         raise TimeoutError(f"no answer from an encoder-server at {self.address} within {timeout:g}s; "
                            "is it running, and are port and port_out right?")
@@ -292,8 +296,10 @@ class EncoderClient:
                 self._check_connection()
                 return None
             frames = self._receiver.recv_multipart()
-            if frames[0] != self.identity:
-                continue  # SUB matches by prefix; we want our identity exactly
+            if frames[0] == self._refusal_topic and not self._connected:
+                raise identity_refused(self.address, decode_reply(frames))
+            if frames[0] != self._topic:
+                continue  # a refusal of another subscriber of our identity: not ours
             reply = self._replies.read(frames)
             if reply is not None and (listening or reply.req_id in self._pending):
                 return reply

@@ -20,8 +20,18 @@ class ConnectionLostError(ConnectionError):
     come (the server restarted, or the network failed); sending it again is safe."""
 
 
+class IdentityRefusedError(PermissionError):
+    """The server refused this client's subscription to its identity (under CURVE, another client
+    key already uses it); no reply would ever reach the client."""
+
+
 class RequestTooLargeError(ValueError):
     """The request is larger than the server accepts (--max-request-mb); it was not sent. Split it."""
+
+
+def identity_refused(address, reply):
+    """The exception for the server's word (a Reply) that it refused this client's subscription."""
+    return IdentityRefusedError(f"the encoder-server at {address} refused this client's identity: {reply.error}")
 
 
 def reply_error(reply):

@@ -5,12 +5,15 @@ import uuid
 import zmq
 import zmq.auth
 
+from .protocol import check_identity
+
 
 def as_identity(identity):
-    """The client's topic on the result port: random unless given (clients sharing one multicast)."""
+    """The client's identity, as bytes: random unless given (clients sharing one multicast). A
+    given one is checked (protocol.check_identity) before anything is sent."""
     if identity is None:
         return str(uuid.uuid4()).encode("ascii")
-    return identity.encode() if isinstance(identity, str) else bytes(identity)
+    return check_identity(identity)
 
 
 def curve_keys(server_key, client_key):

@@ -4,13 +4,21 @@ It keeps bert-as-service's frames so its published client works unchanged:
 
 - request: ``[identity, payload, req_id, msg_len]`` plus an optional ``options`` JSON frame
   (our extension), where ``payload`` is a JSON list of texts (or of word lists) or a command;
-- result: ``[identity, header, body, req_id]`` with ``header = {"dtype", "shape", "tokens",
+  an identity is at most MAX_IDENTITY_BYTES bytes and holds no NUL byte;
+- every reply goes out under the client's topic, ``topic(identity)``: the identity and a NUL byte,
+  so that a subscription to one topic matches that one identity and no other;
+- result: ``[topic, header, body, req_id]`` with ``header = {"dtype", "shape", "tokens",
   "num_tokens", "truncated"}`` (ours: ``num_tokens``, the request's token count after truncation,
   special tokens included; ``truncated``, how many of its texts were cut at max_seq_len) and
   ``body`` the raw array bytes;
-- error: ``[identity, {"error": message, "code": code}, b"", req_id]``, where ``code`` (ours, may
+- error: ``[topic, {"error": message, "code": code}, b"", req_id]``, where ``code`` (ours, may
   be absent) says what kind of refusal it is, one of ERROR_CODES;
-- reply to a command: ``[identity, json, req_id]``.
+- reply to a command: ``[topic, json, req_id]``;
+- a refused subscription: an error under ``refusal_topic(identity)``, which only the refused
+  subscriber (and the identity's own subscribers, who ignore it) receives.
+
+bert-serving-client (protocol 1) ignores the topic frame: its subscription to its bare identity,
+a UUID, is applied by the server as that identity's topic.
 
 Protocol 2 (clients that send ``"v": 2`` in their options): a result larger than CHUNK_BYTES
 comes as one result message per CHUNK_BYTES of its body, each header adding ``"offset"``, where
@@ -29,6 +37,8 @@ STREAMED_SINCE = 2  # the protocol version from which clients take results in ch
 CHUNK_BYTES = 128 << 10
 COMMANDS = (b"SHOW_CONFIG", b"SHOW_STATUS", b"TERMINATION")
 MAX_IDENTITY_BYTES = 256
+TOPIC_END = b"\0"  # ends every topic on the result port; no identity holds it
+REFUSED = b"\x01"  # after a topic: the server refused a subscription to it
 UNKNOWN_REQ_ID = -1
 MAX_FRAME_INT = 2 ** 64 - 1  # req_id and msg_len
 
@@ -37,7 +47,7 @@ BUSY = "busy"                # the server is full: retry later (HTTP's 429)
 TOO_LARGE = "too_large"      # more texts than the server ever holds at once: split the request (413)
 BAD_REQUEST = "bad_request"  # malformed frames or invalid texts: resending the same fails again (400)
 DRAINING = "draining"        # the server is shutting down: retry against its successor (503)
-FORBIDDEN = "forbidden"      # a command this peer may not send (403)
+FORBIDDEN = "forbidden"      # a command, or an identity, this peer may not use (403)
 RESTARTED = "restarted"      # a process of the server died and was restarted mid-request: resend it (503)
 ERROR_CODES = (BUSY, TOO_LARGE, BAD_REQUEST, DRAINING, FORBIDDEN, RESTARTED)
 
@@ -78,6 +88,26 @@ class Reply:
     truncated: int = 0
 
 
+def check_identity(identity):
+    """`identity` as bytes (a str is UTF-8 encoded); ValueError naming what is wrong with it."""
+    identity = identity.encode() if isinstance(identity, str) else bytes(identity)
+    if len(identity) > MAX_IDENTITY_BYTES:
+        raise ValueError(f"a client identity is at most {MAX_IDENTITY_BYTES} bytes, got {len(identity)}")
+    if TOPIC_END in identity:
+        raise ValueError("a client identity may not hold a NUL byte (it ends the identity's topic)")
+    return identity
+
+
+def topic(identity):
+    """What the result port publishes `identity`'s replies under, and its clients subscribe to."""
+    return identity + TOPIC_END
+
+
+def refusal_topic(identity):
+    """Where the server says why it refused a subscription to `identity`'s topic."""
+    return topic(identity) + REFUSED
+
+
 def encode_request(identity, req_id, payload, msg_len=0, options=None):
     frames = [identity, payload, b"%d" % req_id, b"%d" % msg_len]
     if options:
@@ -87,9 +117,12 @@ def encode_request(identity, req_id, payload, msg_len=0, options=None):
 
 def decode_request(frames):
     """Parse raw frames into a Request, or raise ProtocolError saying what is wrong."""
-    identity = frames[0] if frames and len(frames[0]) <= MAX_IDENTITY_BYTES else None
+    try:
+        identity = check_identity(frames[0]) if frames else None
+    except ValueError as error:
+        raise ProtocolError(f"bad identity frame: {error}") from None
     if identity is None:
-        raise ProtocolError("missing or oversized identity frame")
+        raise ProtocolError("missing identity frame")
     if len(frames) not in (4, 5):
         raise ProtocolError(f"expected 4 or 5 frames, got {len(frames)}", identity)
     req_id = _parse_int(frames[2], "req_id", identity)
@@ -111,30 +144,38 @@ def decode_texts(request):
 def encode_result(identity, req_id, array, tokens=None, num_tokens=None, truncated=0):
     header = {"dtype": str(array.dtype), "shape": list(array.shape), "tokens": tokens or "",
               "num_tokens": num_tokens, "truncated": truncated}
-    return [identity, json.dumps(header).encode(), memoryview(np.ascontiguousarray(array)).cast("B"),
+    return [topic(identity), json.dumps(header).encode(), memoryview(np.ascontiguousarray(array)).cast("B"),
             b"%d" % req_id]
 
 
 def result_messages(identity, req_id, array, tokens=None, num_tokens=None, truncated=0, streamed=False):
-    """The messages that carry one result: encode_result's one, or with `streamed`, one per
-    CHUNK_BYTES of the array (each a view of it, never a copy)."""
+    """The messages that carry one result, made as they are taken: encode_result's one, or with
+    `streamed`, one per CHUNK_BYTES of the array, each with its own copy of its bytes (so a chunk
+    waiting to be read keeps no more of the array alive than itself)."""
     body = memoryview(np.ascontiguousarray(array)).cast("B")
     if not streamed or len(body) <= CHUNK_BYTES:
-        return [encode_result(identity, req_id, array, tokens, num_tokens, truncated)]
+        yield encode_result(identity, req_id, array, tokens, num_tokens, truncated)
+        return
     header = {"dtype": str(array.dtype), "shape": list(array.shape), "num_tokens": num_tokens,
               "truncated": truncated}
-    return [[identity, json.dumps({**header, "tokens": (tokens or "") if offset == 0 else "",
-                                   "offset": offset}).encode(), body[offset:offset + CHUNK_BYTES], b"%d" % req_id]
-            for offset in range(0, len(body), CHUNK_BYTES)]
+    for offset in range(0, len(body), CHUNK_BYTES):
+        yield [topic(identity), json.dumps({**header, "tokens": (tokens or "") if offset == 0 else "",
+                                            "offset": offset}).encode(), bytes(body[offset:offset + CHUNK_BYTES]),
+               b"%d" % req_id]
 
 
 def encode_error(identity, req_id, message, code=None):
     body = {"error": message, **({"code": code} if code else {})}
-    return [identity, json.dumps(body).encode(), b"", b"%d" % req_id]
+    return [topic(identity), json.dumps(body).encode(), b"", b"%d" % req_id]
+
+
+def encode_refusal(identity, message):
+    """What a subscriber refused for `identity` receives: an error for no request of its own."""
+    return [refusal_topic(identity), *encode_error(identity, UNKNOWN_REQ_ID, message, FORBIDDEN)[1:]]
 
 
 def encode_data(identity, req_id, data):
-    return [identity, json.dumps(data).encode(), b"%d" % req_id]
+    return [topic(identity), json.dumps(data).encode(), b"%d" % req_id]
 
 
 def decode_reply(frames):

@@ -75,7 +75,7 @@ class ServerStatus(TypedDict):
     requests_served: int
     requests: Requests
     texts: Texts
-    replies_dropped: int  # always 0 now: the ventilator keeps replies for the sink and never drops one
+    replies_dropped: int  # by the sink, for clients that left more than --max-unread-mb unread
     draining: bool
     uptime_s: float
     server_version: str

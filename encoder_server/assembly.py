@@ -2,7 +2,8 @@
 
 Parts may arrive in any order, and before the ventilator's registration of their request.
 A part seen twice, or one of a request already finished or forgotten, is ignored, so a re-sent
-job can never duplicate rows. Requests nobody listens for are given up after a grace period.
+job can never duplicate rows; one with rows past its request's end is refused (PartError).
+Requests nobody listens for are given up after a grace period.
 """
 import time
 from collections import deque
@@ -13,6 +14,10 @@ from .messages import Registration
 
 REMEMBERED_FINISHED = 100_000  # finished requests whose late duplicate parts are recognised
 ORPHAN_PARTS_TTL = 300.0       # parts whose registration never came are dropped after this
+
+
+class PartError(ValueError):
+    """A part that cannot belong to its request."""
 
 
 @dataclass
@@ -51,6 +56,10 @@ class Assembler:
     def add_part(self, seq, offset, array, tokens=None, num_tokens=0, truncated=0):
         if seq in self._finished:
             return None
+        registration = self._pending[seq].registration if seq in self._pending else None
+        if not len(array) or (registration is not None and offset + len(array) > registration.rows):
+            raise PartError(f"a part of {len(array)} rows at offset {offset} does not fit request {seq}"
+                            + (f" of {registration.rows} rows" if registration is not None else ""))
         pending = self._pending.setdefault(seq, _Pending())
         if offset not in pending.parts:
             pending.parts[offset] = (array, tokens)

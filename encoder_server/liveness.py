@@ -7,12 +7,17 @@ intervals, when the supervisor reports that it exited, when it cannot be reached
 READY again (it lost touch with us and connected anew: its jobs go to others, but do not count
 as having crashed it). Silence while the ventilator itself was stalled does not count. Each loss says which worker, why, and
 its pid when the local supervisor runs it; the ventilator then gives its jobs to others, and has
-the supervisor kill a local worker that fell silent, since it may still be running.
+the supervisor kill a local worker that fell silent, since it may still be running. A worker
+that sent what no worker of ours sends is kept out for KEEP_OUT_SECONDS: it gets no jobs, even
+if it says READY again (a restarted local worker has a new name).
 """
+from collections import OrderedDict
 from dataclasses import dataclass
 
 HEARTBEAT_INTERVAL = 1.0
 HEARTBEAT_LIVENESS = 5   # intervals without a word from a worker before it counts as dead
+KEEP_OUT_SECONDS = 60.0
+KEPT_OUT_LIMIT = 10_000  # workers remembered as kept out; the oldest are forgotten first
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,7 @@ class Liveness:
         self.restarts = 0       # local worker exits the supervisor reported (it restarts each one)
         self._heard = {}        # worker -> when we last heard from it
         self._pids = {}         # worker -> pid, for the workers the local supervisor runs
+        self._kept_out = OrderedDict()  # worker -> until when it gets no jobs
         self._next_beat = 0.0
 
     def ready(self, worker, info, now):
@@ -70,9 +76,26 @@ class Liveness:
     def unreachable(self, worker):
         return [self._lose(worker, "cannot be reached")] if worker in self._heard else []
 
-    def misbehaved(self, worker):
-        """It sent what no worker of ours sends: forget it (it must say READY again to get jobs)."""
-        return [self._lose(worker, "sent a malformed message", kill=True)] if worker in self._heard else []
+    def misbehaved(self, worker, now, why="sent a malformed message"):
+        """It sent what no worker of ours sends: forget it and keep it out for a while. Its jobs are
+        no sign that they harm workers (the worker is at fault), so they do not count as crashes."""
+        self._kept_out[worker] = now + KEEP_OUT_SECONDS
+        self._kept_out.move_to_end(worker)
+        if len(self._kept_out) > KEPT_OUT_LIMIT:
+            self._kept_out.popitem(last=False)
+        return [self._lose(worker, why, kill=True, crashed=False)] if worker in self._heard else []
+
+    def kept_out(self, worker, now):
+        """Whether `worker` misbehaved lately: whatever it sends is ignored."""
+        until = self._kept_out.get(worker)
+        if until is not None and until <= now:
+            del self._kept_out[worker]
+            return False
+        return until is not None
+
+    def is_local(self, worker):
+        """Whether the local supervisor runs `worker` (it talks to us over ipc)."""
+        return worker in self._pids
 
     def beat_due(self, now):
         """The workers to send a heartbeat to at `now`: all of them, once per interval."""

@@ -7,6 +7,8 @@
                               | Reset (a new ventilator: fail every request held)
     worker     -> sink        Part
     sink       -> ventilator  Done (one per finished job) | Gone (nobody listens for the request)
+                              | Unread (a client left too much unread: drop its queued work)
+                              | BadPart (a worker's part for this job could not be used)
     supervisor -> ventilator  WorkerExited | SinkRestarted  (these go over a multiprocessing pipe)
     ventilator -> supervisor  WorkerSilent
 
@@ -24,7 +26,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 
 import numpy as np
 
-from encoder_client.protocol import ERROR_CODES, TOO_LARGE
+from encoder_client.protocol import ERROR_CODES, TOO_LARGE, TOPIC_END
 from encoder_client.status import check_metrics
 
 from .metrics import check_delta
@@ -188,6 +190,49 @@ class Gone(_Number):
     """Nobody has listened for request `number` in a long while; the sink gave it up."""
 
 
+@_kind(b"UNREAD")
+@dataclass(frozen=True)
+class Unread:
+    """The sink dropped `replies` replies for `identity`, which left too much unread: its queued
+    work is abandoned."""
+    identity: bytes
+    replies: int = 1
+
+    def frames(self):
+        return [self.KIND, self.identity, b"%d" % self.replies]
+
+    @classmethod
+    def decode(cls, frames):
+        return cls(_bytes(frames[0]), _count(_bytes(frames[1])))
+
+
+@_kind(b"BADPART")
+@dataclass(frozen=True)
+class BadPart:
+    """A part for job `job_id` could not be used (malformed, or not the shape its request needs);
+    `remote`: it came over the network, not from a local worker."""
+    job_id: int
+    remote: bool
+
+    def frames(self):
+        return [self.KIND, _json(asdict(self))]
+
+    @classmethod
+    def decode(cls, frames):
+        return _typed(cls, _object(frames[0]))
+
+
+def job_id_in(frames):
+    """The job id a PART that failed to decode names, when it can be read; else None."""
+    try:
+        if _bytes(frames[0]) == Part.KIND:
+            job_id = _object(frames[1]).get("job_id")
+            return job_id if _is_count(job_id) else None
+    except (ValueError, IndexError, RecursionError):
+        pass
+    return None
+
+
 @_kind(b"FORGET")
 @dataclass(frozen=True)
 class Forget:
@@ -248,7 +293,7 @@ class Register:
 @_kind(b"PUBLISH")
 @dataclass(frozen=True)
 class Publish:
-    """A reply for a client, as the frames the sink publishes (the first is the client's identity)."""
+    """A reply for a client, as the frames the sink publishes (the first is the client's topic)."""
     reply: list
 
     def frames(self):
@@ -262,7 +307,8 @@ class Publish:
 
     @property
     def identity(self):
-        return _bytes(self.reply[0])
+        topic = _bytes(self.reply[0])
+        return topic[:-len(TOPIC_END)] if topic.endswith(TOPIC_END) else topic
 
 
 @_kind(b"PART")

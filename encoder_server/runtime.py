@@ -152,17 +152,17 @@ def _die_with_parent():
 
 def make_socket(context, kind, bind=None, connect=None, identity=None, hwm=INTERNAL_HWM, curve=None, options=None,
                 curve_client=None):
-    """A socket whose queues are bounded by `hwm` messages per peer, bound to one endpoint or a
-    list, or connected. `curve` is the server's (public, secret) key pair when peers must use
-    CURVE; `curve_client` is (server public, own public, own secret) to connect to such a peer;
-    `options` are more socket options."""
+    """A socket whose queues are bounded by `hwm` messages per peer (unless `options` set one
+    direction's), bound to one endpoint or a list, or connected. `curve` is the server's (public,
+    secret) key pair when peers must use CURVE; `curve_client` is (server public, own public, own
+    secret) to connect to such a peer; `options` are more socket options."""
     sock = context.socket(kind)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
     for option, value in (options or {}).items():
         sock.setsockopt(option, value)
     if identity:
         sock.setsockopt(zmq.ROUTING_ID, identity)
-    sock.setsockopt(zmq.SNDHWM, hwm)
-    sock.setsockopt(zmq.RCVHWM, hwm)
     if curve:
         sock.curve_publickey, sock.curve_secretkey = curve
         sock.curve_server = True

@@ -116,6 +116,7 @@ class Dispatcher:
         self._assigned = {}         # job_id -> (worker, job)
         self._requests = {}         # seq -> Admitted, for requests in flight
         self._by_client_id = {}     # (client, req_id) -> seq, for requests in flight
+        self._of_client = {}        # client -> seqs of its requests in flight
         self._deadlines = []        # heap of (deadline, seq)
         self._deaths = Counter()    # job_id -> workers that died holding it
         self._job_ids = itertools.count(first_job_id)
@@ -140,6 +141,7 @@ class Dispatcher:
         self._requests[seq] = Admitted(seq, client, len(texts), len(jobs), now, deadline, req_id)
         if req_id is not None:
             self._by_client_id[client, req_id] = seq
+        self._of_client.setdefault(client, set()).add(seq)
         self.pending_texts += len(texts)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, seq))
@@ -205,9 +207,21 @@ class Dispatcher:
     def requests_in_flight(self):
         return list(self._requests.values())
 
+    def requests_of(self, client):
+        """Seqs of `client`'s requests in flight."""
+        return sorted(self._of_client.get(client, ()))
+
+    def worker_of(self, job_id):
+        """The worker job `job_id` was sent to and is not finished on, or None."""
+        return self._assigned.get(job_id, (None,))[0]
+
     def _forget(self, seq):
         request = self._requests.pop(seq)
         self._by_client_id.pop((request.client, request.req_id), None)
+        seqs = self._of_client[request.client]
+        seqs.discard(seq)
+        if not seqs:
+            del self._of_client[request.client]
         self.pending_texts -= request.texts
 
     def _enqueue(self, job, front=False):

@@ -99,6 +99,10 @@ class Settings:
     max_result_mb: int = choice(512, SCHEDULING, "the largest result a request may ask for, counted at its "
                                                  "longest (every text at --max-seq-len under token-level "
                                                  "pooling); a larger request is refused at once", minimum=1)
+    max_unread_mb: int = choice(None, SCHEDULING, "results the server keeps for one client identity that has not "
+                                                  "read them yet; past it, that client's further results are "
+                                                  "dropped with an error and its queued requests abandoned "
+                                                  "(default: 2 x --max-result-mb)", minimum=1)
 
     host: str = choice("127.0.0.1", NETWORK, "address to bind; 0.0.0.0 opens the ports to all")
     port: int = choice(5555, NETWORK, "port for requests")
@@ -208,7 +212,8 @@ def resolve(**choices):
         num_layers=info.num_layers, hidden_size=info.hidden_size,
         backend=chosen.backend or default_backend(device), num_worker=num_worker,
         threads_per_worker=_unless_chosen(chosen.threads_per_worker, _default_threads(num_worker, device)),
-        max_batch_tokens=_unless_chosen(chosen.max_batch_tokens, DEFAULT_BATCH_TOKENS[device]))
+        max_batch_tokens=_unless_chosen(chosen.max_batch_tokens, DEFAULT_BATCH_TOKENS[device]),
+        max_unread_mb=_unless_chosen(chosen.max_unread_mb, 2 * chosen.max_result_mb))
     settings = replace(settings, truncate_at=settings.max_seq_len or info.max_positions)
     settings = replace(settings, **_head_and_overrides(settings, info))
     _check_pooling(settings.pooling, info.num_layers)
@@ -318,6 +323,9 @@ def _check_bounds(settings):
         raise ConfigError("--priority-batch-size must not exceed --max-batch-size")
     if not 0 < settings.min_quant_cosine <= 1:
         raise ConfigError(f"--min-quant-cosine must be in (0, 1], got {settings.min_quant_cosine}")
+    if settings.max_unread_mb is not None and settings.max_unread_mb < settings.max_result_mb:
+        raise ConfigError(f"--max-unread-mb {settings.max_unread_mb} is below --max-result-mb "
+                          f"{settings.max_result_mb}: a result that large could never be kept for its client")
 
 
 def _check_engine(settings):

@@ -1,11 +1,12 @@
 """The ventilator: takes client requests, registers them with the sink, deals jobs to workers.
 
 Sockets: `frontend` (PULL, clients), `backend` (ROUTER, workers), `to_sink` (PUSH),
-`from_sink` (PULL: one DONE per finished job, GONE for requests nobody listens for), plus a pipe
-from the supervisor that reports worker exits. Its logic lives in pure modules: intake.py checks
-requests, scheduling.py queues and deals jobs, liveness.py says which workers are alive, and
-messages.py is what it says to the other processes. Requests past their deadline or abandoned
-by their client are cancelled.
+`from_sink` (PULL: one DONE per finished job, GONE for requests nobody listens for, UNREAD for
+clients that do not read their results, BADPART for a worker's part the sink could not use),
+plus a pipe from the supervisor that reports worker exits. Its logic lives in pure modules:
+intake.py checks requests, scheduling.py queues and deals jobs, liveness.py says which workers
+are alive, and messages.py is what it says to the other processes. Requests past their deadline
+or abandoned by their client are cancelled.
 
 Request and job numbers start at random, so parts computed for an earlier run of the server (a
 remote worker that outlived it) can never be taken for this run's.
@@ -17,7 +18,7 @@ from collections import Counter, deque
 
 import zmq
 
-from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, PROTOCOL_VERSION, RESTARTED, TOO_LARGE,
+from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, PROTOCOL_VERSION, RESTARTED,
                                      ProtocolError, decode_request, encode_data, encode_error)
 from encoder_client.status import Requests, ServerStatus, Texts
 
@@ -185,20 +186,28 @@ class Ventilator:
         """A message on the worker port. One that is no message of ours, or that the ventilator
         cannot handle, is logged and dropped, and its sender is no longer a worker of ours."""
         worker, now = frames[0], time.monotonic()
+        if self.liveness.kept_out(worker, now):
+            return
         name = worker.decode(errors="replace")
         message = messages.decode_or_log(frames[1:], self.log, name)
         try:
             if message is None:
-                self.lose(self.liveness.misbehaved(worker))
+                self.lose(self.liveness.misbehaved(worker, now))
             elif isinstance(message, messages.Ready):
                 self.on_ready(worker, message, now)
             elif self.liveness.heard(worker, now):
                 self.on_worker_report(message)
             else:  # a worker of a ventilator before this one, or one given up for dead: it may join again
-                self.backend.send_multipart([worker, *messages.Who().frames()], flags=zmq.NOBLOCK)
+                self.ask_who(worker)
         except Exception:
             self.log.exception("could not handle a %s message from %s", type(message).__name__, name)
-            self.lose(self.liveness.misbehaved(worker))
+            self.lose(self.liveness.misbehaved(worker, now))
+
+    def ask_who(self, worker):
+        try:
+            self.backend.send_multipart([worker, *messages.Who().frames()], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # gone already (EHOSTUNREACH), or it has connected anew: it says READY by itself
 
     def on_ready(self, worker, message, now):
         self.lose(self.liveness.ready(worker, message, now))
@@ -280,6 +289,29 @@ class Ventilator:
             self.end_request(message.number, "abandoned")
         elif isinstance(message, messages.Done):
             self.finish_job(message.number)
+        elif isinstance(message, messages.Unread):
+            self.abandon_unread(message)
+        elif isinstance(message, messages.BadPart):
+            self.on_bad_part(message)
+
+    def abandon_unread(self, message):
+        """The sink dropped replies for a client that left too much unread: drop its queued work too."""
+        self.counters["replies_dropped"] += message.replies
+        for seq in self.dispatcher.requests_of(message.identity):
+            self.end_request(seq, "abandoned", UNREAD_ERROR, BUSY)
+
+    def on_bad_part(self, message):
+        """A part the sink could not use: its job goes to another worker, and its sender is given up
+        (and kept out for a while). A part from the network that names a local worker's job is
+        forged: a local worker sends over ipc."""
+        worker = self.dispatcher.worker_of(message.job_id)
+        if worker is None:
+            return
+        if message.remote and self.liveness.is_local(worker):
+            self.log.warning("a part from the network named job %d of local %s; ignored", message.job_id,
+                             worker.decode(errors="replace"))
+            return
+        self.lose(self.liveness.misbehaved(worker, time.monotonic(), "sent a part the sink could not use"))
 
     def finish_job(self, job_id):
         request = self.dispatcher.job_done(job_id)
@@ -355,6 +387,8 @@ class Ventilator:
 
 
 UNSENT_LIMIT = 10_000  # messages kept for the sink; past it, clients wait (their send times out) instead
+UNREAD_ERROR = ("abandoned: this client identity left too many results unread (--max-unread-mb), so its "
+                "queued requests were dropped; read results as they arrive")
 
 
 def _random_start():

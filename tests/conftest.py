@@ -216,12 +216,52 @@ def reference_embeddings(model_dir, texts, layers=(-2,), strategy="mean", is_tok
     return np.stack(rows)
 
 
+def sink_pid(server):
+    """The process that listens on the result port: the sink."""
+    import psutil
+    supervisor = psutil.Process(server.process.pid)
+    for child in supervisor.children(recursive=True):
+        if any(c.laddr.port == server.port_out and c.status == psutil.CONN_LISTEN for c in child.net_connections()):
+            return child.pid
+    raise AssertionError(f"nothing listens on port {server.port_out}")
+
+
+def raw_push(server, options=None):
+    """A bare PUSH socket on the request port, as a client of any protocol (or an attacker) has."""
+    import zmq
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    for option, value in {zmq.LINGER: 0, **(options or {})}.items():
+        push.setsockopt(option, value)
+    push.connect(f"tcp://127.0.0.1:{server.port}")
+    return push
+
+
+def raw_sub(server, *topics, options=None):
+    """A bare SUB socket on the result port, subscribed to `topics` as they are (an identity's
+    whole topic is protocol.topic(identity)), once its subscriptions have reached the sink."""
+    import zmq
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    for option, value in {zmq.LINGER: 0, **(options or {})}.items():
+        sub.setsockopt(option, value)
+    for topic in topics:
+        sub.setsockopt(zmq.SUBSCRIBE, topic)
+    sub.connect(f"tcp://127.0.0.1:{server.port_out}")
+    time.sleep(0.3)
+    return sub
+
+
+def rss_mb(pid, peak=False):
+    """The resident memory of process `pid` now (VmRSS), or its peak so far (VmHWM), in MB."""
+    field = "VmHWM:" if peak else "VmRSS:"
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field} for {pid}")
+
+
 def peak_rss_mb(pid):
     """The peak resident memory of process `pid` so far (VmHWM), in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmHWM for {pid}")
+    return rss_mb(pid, peak=True)
 
 
 def random_texts(count, seed=0, min_words=1, max_words=30):

@@ -28,7 +28,7 @@ def raw_sockets(server, identity):
     """A PUSH to the request port and a SUB for `identity` on the result port, as a peer without our client."""
     context = zmq.Context.instance()
     push, sub = context.socket(zmq.PUSH), context.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, identity)
+    sub.setsockopt(zmq.SUBSCRIBE, identity + b"\0")  # the identity's whole topic
     for sock, port in ((push, server.port), (sub, server.port_out)):
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(f"tcp://127.0.0.1:{port}")

@@ -1,5 +1,5 @@
 """encoder_server.liveness: which workers are alive, without sockets (time is passed in)."""
-from encoder_server.liveness import Liveness
+from encoder_server.liveness import KEEP_OUT_SECONDS, Liveness
 from encoder_server.messages import Ready
 
 HOST = "this-host"
@@ -74,3 +74,13 @@ def test_silence_while_the_ventilator_itself_stalled_does_not_count():
     liveness.stalled(14.0)
     assert liveness.silent(15.5) == [] and len(liveness) == 2
     assert [loss.worker for loss in liveness.silent(19.5)] == [b"w2"]  # 0 + 14 + 5: silent after all
+
+
+def test_a_misbehaving_worker_is_lost_without_blame_for_its_jobs_and_kept_out_a_while():
+    liveness = books((b"w1", 11, False), (b"far", 7, True))
+    assert liveness.is_local(b"w1") and not liveness.is_local(b"far")
+    (loss,) = liveness.misbehaved(b"far", 10.0, "sent a part the sink could not use")
+    assert loss.worker == b"far" and not loss.crashed and "could not use" in loss.why
+    assert liveness.kept_out(b"far", 10.0 + KEEP_OUT_SECONDS - 1) and not liveness.kept_out(b"w1", 10.0)
+    assert liveness.misbehaved(b"far", 11.0) == []  # already lost: nothing more to lose
+    assert not liveness.kept_out(b"far", 11.0 + KEEP_OUT_SECONDS)  # it may join again

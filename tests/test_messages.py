@@ -28,7 +28,9 @@ EVERY_MESSAGE = [
     messages.Forget(5, "texts 0 to 3 made a worker crash twice"),
     messages.Forget(6),
     messages.Register(11, messages.Registration(b"\x00client\xff", 17, rows=300, with_tokens=True)),
-    messages.Publish([b"client", b'{"dtype": "float32"}', b"\x00" * 8, b"17"]),
+    messages.Publish([b"client\0", b'{"dtype": "float32"}', b"\x00" * 8, b"17"]),
+    messages.Unread(b"\xffa client", 3),
+    messages.BadPart(12, remote=True),
 ]
 
 
@@ -103,6 +105,25 @@ def _heartbeat_with(**fields):
 def test_malformed_frames_raise_message_error(frames):
     with pytest.raises(MessageError):
         messages.decode(frames)
+
+
+def test_a_publish_names_the_identity_of_its_topic():
+    assert messages.Publish([b"client\0", b"{}", b"1"]).identity == b"client"
+
+
+@pytest.mark.parametrize("frames, job_id", [
+    ([b"PART", b'{"seq": 1, "job_id": 7, "offset": 0, "shape": [9, 9]}', b"\x00" * 8], 7),
+    ([b"PART", b'{"job_id": 8, "nonsense": true}'], 8),
+    ([b"PART", b'{"job_id": -1}', b""], None),
+    ([b"PART", b'{"job_id": true}', b""], None),
+    ([b"PART", b"not json", b""], None),
+    ([b"PART", b"[7]", b""], None),
+    ([b"PART"], None),
+    ([b"DONE", b'{"job_id": 7}'], None),
+    ([], None),
+], ids=repr)
+def test_the_job_of_a_part_that_failed_to_decode_is_read_when_it_can_be(frames, job_id):
+    assert messages.job_id_in(frames) == job_id
 
 
 def test_budget_is_measured_on_the_receivers_clock_from_receipt():

@@ -4,10 +4,12 @@ import json
 import numpy as np
 import pytest
 
-from encoder_client import RequestTooLargeError, ServerBusyError, ServerError
+from encoder_client import EncoderClient, RequestTooLargeError, ServerBusyError, ServerError
 from encoder_client.errors import reply_error
+from encoder_client.keys import as_identity
 from encoder_client.protocol import (ProtocolError, Request, decode_reply, decode_request, decode_texts,
-                                     encode_data, encode_error, encode_request, encode_result)
+                                     encode_data, encode_error, encode_request, encode_result, refusal_topic,
+                                     topic)
 from encoder_client.request import prepare_encode
 from encoder_client.validation import check_texts, looks_tokenized
 from encoder_server.intake import check_result_size, is_loopback, parse_encode
@@ -105,6 +107,31 @@ def test_oversized_identity():
     assert decode_request([b"x" * 256, b"[]", b"1", b"0"]).identity == b"x" * 256
 
 
+@pytest.mark.parametrize("identity", [b"a\0", b"\0", b"a\0b"])
+def test_an_identity_with_a_nul_byte_is_refused(identity):
+    """NUL ends every topic: an identity holding one would have a topic that another identity's
+    subscription could match."""
+    with pytest.raises(ProtocolError, match="NUL") as info:
+        decode_request([identity, b"[]", b"1", b"0"])
+    assert info.value.identity is None
+    with pytest.raises(ValueError, match="NUL"):
+        as_identity(identity)
+
+
+def test_topics_of_two_identities_are_never_prefixes_of_each_other():
+    identities = [b"", b"a", b"ab", b"a b", "é".encode(), b"x" * 256]
+    for one in identities:
+        for other in identities:
+            assert topic(other).startswith(topic(one)) == (one == other)
+    assert refusal_topic(b"a").startswith(topic(b"a")) and not topic(b"ab").startswith(refusal_topic(b"a"))
+
+
+def test_client_identity_is_checked_before_anything_is_sent():
+    with pytest.raises(ValueError, match="at most 256 bytes"):
+        EncoderClient(identity="x" * 257, port=1, port_out=2)
+    assert as_identity("team") == b"team" and len(as_identity(None)) == 36
+
+
 @pytest.mark.parametrize("payload", [b"[\"unterminated", b"\x80\x81\xfe\xff", b"", b"not json"])
 def test_decode_texts_rejects_junk(payload):
     request = decode_request([b"ident", payload, b"4", b"1"])
@@ -144,7 +171,7 @@ def test_result_round_trip_with_tokens():
     array = np.ones((2, 3), dtype=np.float32)
     tokens = [["[CLS]", "hello", "[SEP]"], ["[CLS]", "hi", "there", "[SEP]"]]
     frames = encode_result(b"id", 2, array, tokens)
-    assert frames[0] == b"id"
+    assert frames[0] == b"id\0"  # the identity's topic
     reply = decode_reply(wire(frames))
     assert reply.tokens == tokens
     np.testing.assert_array_equal(reply.array, array)
@@ -152,7 +179,7 @@ def test_result_round_trip_with_tokens():
 
 def test_error_round_trip():
     frames = encode_error(b"id", 11, "bad request: no")
-    assert len(frames) == 4 and frames[0] == b"id"
+    assert len(frames) == 4 and frames[0] == b"id\0"
     reply = decode_reply(wire(frames))
     assert reply.req_id == 11
     assert reply.error == "bad request: no"
@@ -436,21 +463,21 @@ def test_a_large_result_is_streamed_in_chunks_that_a_reader_puts_back_together()
     rng = np.random.default_rng(0)
     big = rng.standard_normal((300, 64, 8)).astype(np.float32)  # 600 KB: 5 chunks
     tokens = [["[CLS]", "a", "[SEP]"]] * 300
-    messages = result_messages(b"c", 7, big, tokens, num_tokens=900, truncated=2, streamed=True)
+    messages = list(result_messages(b"c", 7, big, tokens, num_tokens=900, truncated=2, streamed=True))
     assert len(messages) == -(-big.nbytes // CHUNK_BYTES) and all(len(m[2]) <= CHUNK_BYTES for m in messages)
     assert all(json.loads(m[1])["tokens"] == "" for m in messages[1:])  # the tokens travel once
     small = rng.standard_normal((4, 8)).astype(np.float32)
-    assert len(result_messages(b"c", 8, small, streamed=True)) == 1
-    assert len(result_messages(b"c", 9, big, streamed=False)) == 1  # protocol 1 clients: bert-serving-client
+    assert len(list(result_messages(b"c", 8, small, streamed=True))) == 1
+    assert len(list(result_messages(b"c", 9, big, streamed=False))) == 1  # protocol 1 clients: bert-serving-client
     reader = ReplyReader()
-    other = result_messages(b"c", 10, big[::-1].copy(), streamed=True)
+    other = list(result_messages(b"c", 10, big[::-1].copy(), streamed=True))
     order = [messages[3], other[0], messages[0], messages[4], messages[1], other[1], messages[1], messages[2]]
     replies = [reader.read(wire(frames)) for frames in order]
     assert replies[:-1] == [None] * 7
     done = replies[-1]
     assert (done.req_id, done.num_tokens, done.truncated, done.tokens) == (7, 900, 2, tokens)
     np.testing.assert_array_equal(done.array, big)
-    assert reader.read(wire(result_messages(b"c", 8, small, streamed=True)[0])).array.shape == (4, 8)
+    assert reader.read(wire(next(result_messages(b"c", 8, small, streamed=True)))).array.shape == (4, 8)
 
 
 def test_a_reader_forgets_results_whose_chunks_stopped_coming():
@@ -458,7 +485,7 @@ def test_a_reader_forgets_results_whose_chunks_stopped_coming():
     reader = ReplyReader(max_partial=2)
     big = np.ones((300, 1024), dtype=np.float32)
     for req_id in range(3):
-        assert reader.read(wire(result_messages(b"c", req_id, big, streamed=True)[0])) is None
+        assert reader.read(wire(next(result_messages(b"c", req_id, big, streamed=True)))) is None
     assert sorted(reader._partial) == [1, 2]
 
 

@@ -35,7 +35,7 @@ def test_hostile_frames_get_error_replies_and_others_never_notice(tiny_server):
     identity = b"hostile-peer"
     sender = context.socket(zmq.PUSH)
     receiver = context.socket(zmq.SUB)
-    receiver.setsockopt(zmq.SUBSCRIBE, identity)
+    receiver.setsockopt(zmq.SUBSCRIBE, identity + b"\0")
     for sock, port in ((sender, tiny_server.port), (receiver, tiny_server.port_out)):
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(f"tcp://127.0.0.1:{port}")
@@ -50,7 +50,7 @@ def test_hostile_frames_get_error_replies_and_others_never_notice(tiny_server):
         errors = []
         while receiver.poll(5000) and len(errors) < len(cases):
             frames = receiver.recv_multipart()
-            assert frames[0] == identity
+            assert frames[0] == identity + b"\0"
             reply = json.loads(frames[1])
             assert reply["code"] == "bad_request", reply
             errors.append(reply["error"])
@@ -165,24 +165,26 @@ def test_malformed_internal_messages_on_an_open_worker_port_are_dropped(tiny_mod
         context = zmq.Context()
         try:
             victim = context.socket(zmq.SUB)
-            victim.setsockopt(zmq.SUBSCRIBE, b"victim")
+            victim.setsockopt(zmq.SUBSCRIBE, b"victim\0")
             victim.connect(f"tcp://127.0.0.1:{server.port_out}")
-            peer = context.socket(zmq.DEALER)
-            peer.setsockopt(zmq.ROUTING_ID, b"peer/worker-0:1")
-            peer.connect(f"tcp://127.0.0.1:{jobs_port}")
             results = context.socket(zmq.PUSH)
             results.connect(f"tcp://127.0.0.1:{jobs_port + 1}")
-            peer.send_multipart([b"READY", json.dumps({"pid": 1, "host": "peer", "remote": True}).encode()])
-            for frames in ([b"HEARTBEAT", b'{"histograms": [], "tokens": {}, "passes": 1}'], [b"HEARTBEAT", b"[1]"],
-                           [b"HEARTBEAT", b'{"histograms": 5, "tokens": {}, "passes": 1, "truncated": 0}'],
-                           [b"DROPPED"], [b"DROPPED", b"not a number"], [b"READY", b"{"], [b"JOB"], [b"WHAT"],
-                           [b"\xff" * 300]):
+            for number, frames in enumerate((
+                    [b"HEARTBEAT", b'{"histograms": [], "tokens": {}, "passes": 1}'], [b"HEARTBEAT", b"[1]"],
+                    [b"HEARTBEAT", b'{"histograms": 5, "tokens": {}, "passes": 1, "truncated": 0}'],
+                    [b"DROPPED"], [b"DROPPED", b"not a number"], [b"READY", b"{"], [b"JOB"], [b"WHAT"],
+                    [b"\xff" * 300])):
+                # a peer of its own for each: one that misbehaved is ignored for a while after
+                peer = context.socket(zmq.DEALER)
+                peer.setsockopt(zmq.ROUTING_ID, b"peer/worker-%d:1" % number)
+                peer.connect(f"tcp://127.0.0.1:{jobs_port}")
+                peer.send_multipart([b"READY", json.dumps({"pid": 1, "host": "peer", "remote": True}).encode()])
                 peer.send_multipart(frames)
             for frames in ([b"PART", b"{}", b"\x00" * 8], [b"PART", b'{"seq": 1, "shape": [9]}', b""],
                            [b"PART", b"not json", b"\x00" * 8],
                            [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [2, 1], "dtype": "object"}',
                             b"\x00" * 8],
-                           [b"PUBLISH", b"victim", b'{"error": "forged"}', b"", b"1"], [b"FORGET", b"1", b"x", b""],
+                           [b"PUBLISH", b"victim\0", b'{"error": "forged"}', b"", b"1"], [b"FORGET", b"1", b"x", b""],
                            [b"DONE"], [b"REGISTER", b"x", b"[]"], [b"PUBLISH"], [b"\x00"]):
                 results.send_multipart(frames)
             time.sleep(1.0)

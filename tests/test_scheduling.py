@@ -358,6 +358,21 @@ def test_a_job_on_two_dead_workers_is_reported_as_poison():
     assert [j.job_id for j in poisoned] == [job.job_id] and requeued == []
 
 
+def test_a_clients_requests_and_a_jobs_worker_are_found():
+    d = _dispatcher_with_two_workers()
+    d.submit(1, b"A", texts(2), NOW, req_id=10)
+    d.submit(2, b"B", texts(2), NOW, req_id=10)
+    d.submit(3, b"A", texts(2), NOW, req_id=11)
+    assert sorted(d.requests_of(b"A")) == [1, 3] and d.requests_of(b"C") == []
+    sent = d.assignments(NOW)
+    assert all(d.worker_of(job.job_id) == worker for worker, job in sent)
+    d.job_done(sent[0][1].job_id)
+    assert d.worker_of(sent[0][1].job_id) is None
+    d.cancel(1)
+    d.cancel(3)
+    assert d.requests_of(b"A") == [] and d.requests_of(b"B") == [2]
+
+
 def test_a_worker_that_only_lost_touch_does_not_make_its_jobs_poison():
     d = _dispatcher_with_two_workers()
     d.submit(1, b"A", texts(2), NOW)

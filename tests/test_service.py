@@ -115,22 +115,20 @@ def test_listener_sharing_an_identity_receives_every_result(tiny_server):
     np.testing.assert_array_equal(received, result)
 
 
-def test_identity_matching_is_exact_not_prefix(tiny_server):
-    """A SUB topic matches by prefix, so the sink refuses a subscription that overlaps another
-    subscriber's identity: "ab" cannot connect while "a" listens (nor "a" read "ab"'s results)."""
-    with tiny_server.client(identity="a", timeout=2) as short:
-        with pytest.raises(TimeoutError):
-            tiny_server.client(identity="ab", timeout=2)
-        assert short.encode(["the cat"]).shape == (1, 32)
-    wait_for(lambda: _connects(tiny_server, "ab"), timeout=20)  # once "a" has gone, "ab" may subscribe
-
-
-def _connects(server, identity):
-    try:
-        with server.client(identity=identity, timeout=2) as client:
-            return client.encode(["the dog"]).shape == (1, 32)
-    except TimeoutError:
-        return False
+def test_groups_a_and_ab_are_served_at_once_and_each_sees_only_its_own(tiny_server):
+    """Each reply goes out under its identity's whole topic: "a" never sees "ab"'s results, and
+    (unlike the prefix rule before it) "ab" may subscribe while "a" listens."""
+    with tiny_server.client(identity="a", timeout=10) as a_sender, \
+            tiny_server.client(identity="ab", timeout=10) as ab_sender, \
+            tiny_server.client(identity="a", timeout=2) as a_listener, \
+            tiny_server.client(identity="ab", timeout=2) as ab_listener:
+        a_stream, ab_stream = a_listener.listen(), ab_listener.listen()
+        a_result, ab_result = a_sender.encode(["the cat"]), ab_sender.encode(["the dog", "a red bird"])
+        np.testing.assert_array_equal(next(a_stream)[1], a_result)
+        np.testing.assert_array_equal(next(ab_stream)[1], ab_result)
+        for stream in (a_stream, ab_stream):
+            with pytest.raises(TimeoutError):
+                next(stream)  # nothing else came: not the other group's result
 
 
 def test_small_request_overtakes_a_large_one(tiny_server):

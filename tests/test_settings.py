@@ -266,10 +266,16 @@ def test_public_config_has_no_path_and_no_host(tmp_path, suffix):
     ({"prefetch_size": 0}, "--prefetch-size must be at least 1"),
     ({"max_batch_tokens": 0}, "--max-batch-tokens must be at least 1"),
     ({"priority_batch_size": 300, "max_batch_size": 256}, "must not exceed --max-batch-size"),
+    ({"max_result_mb": 64, "max_unread_mb": 32}, "--max-unread-mb 32 is below --max-result-mb 64"),
 ])
 def test_sizes_that_would_strand_jobs_are_refused(tmp_path, sizes, message):
     with pytest.raises(ConfigError, match=message):
         resolve(model=plain_folder(tmp_path), **sizes)
+
+
+def test_the_unread_cap_follows_the_largest_result_unless_chosen(tmp_path):
+    assert resolve(model=plain_folder(tmp_path), max_result_mb=16).max_unread_mb == 32
+    assert resolve(model=plain_folder(tmp_path), max_result_mb=16, max_unread_mb=100).max_unread_mb == 100
 
 
 @pytest.mark.parametrize("limit, value, message", [
