@@ -25,14 +25,17 @@ from .engines import Service
 
 
 def sink_pid(service):
-    """The child of the server that listens on the result port."""
+    """The child of a running server (an engines.Service, or the tests' RunningServer) that listens
+    on the result port: the sink."""
     for child in psutil.Process(service.process.pid).children(recursive=True):
         if any(c.laddr.port == service.port_out and c.status == psutil.CONN_LISTEN for c in child.net_connections()):
             return child.pid
     raise RuntimeError("no process listens on the result port")
 
 
-def rss_mb(pid, field):
+def rss_mb(pid, peak=False):
+    """The resident memory of process `pid` now (VmRSS), or its peak so far (VmHWM), in MB."""
+    field = "VmHWM:" if peak else "VmRSS:"
     with open(f"/proc/{pid}/status") as status:
         return next(int(line.split()[1]) / 1024 for line in status if line.startswith(field))
 
@@ -51,7 +54,7 @@ def run(service, requests, legacy, texts_per_request):
     push.connect(f"tcp://127.0.0.1:{service.port}")
     sink = sink_pid(service)
     time.sleep(1)
-    base = rss_mb(sink, "VmRSS:")
+    base = rss_mb(sink)
     payload = json.dumps(texts("medium", texts_per_request)).encode()
     options = [] if legacy else [b'{"v": 2}']
     with EncoderClient("127.0.0.1", service.port, service.port_out, timeout=60) as client:
@@ -66,7 +69,7 @@ def run(service, requests, legacy, texts_per_request):
     served = after["requests_served"] - before["requests_served"]
     abandoned = after["requests"]["abandoned"] - before["requests"]["abandoned"]
     dropped = after["replies_dropped"] - before["replies_dropped"]
-    peak = rss_mb(sink, "VmHWM:")
+    peak = rss_mb(sink, peak=True)
     return (f"{'bert-serving-client' if legacy else 'protocol 2':19}: {requests:3d} requests, sink {base:.0f} MB "
             f"-> peak {peak:.0f} MB (+{peak - base:.0f}); served {served}, abandoned {abandoned}, "
             f"replies dropped {dropped}")

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmark.non_reader import rss_mb, sink_pid  # noqa: F401 (the tests use them)
 from encoder_client import EncoderClient
 
 WORDS = ("the a an of to and in is was for on that with as by it at from this be are or not have has "
@@ -216,16 +217,6 @@ def reference_embeddings(model_dir, texts, layers=(-2,), strategy="mean", is_tok
     return np.stack(rows)
 
 
-def sink_pid(server):
-    """The process that listens on the result port: the sink."""
-    import psutil
-    supervisor = psutil.Process(server.process.pid)
-    for child in supervisor.children(recursive=True):
-        if any(c.laddr.port == server.port_out and c.status == psutil.CONN_LISTEN for c in child.net_connections()):
-            return child.pid
-    raise AssertionError(f"nothing listens on port {server.port_out}")
-
-
 def raw_push(server, options=None):
     """A bare PUSH socket on the request port, as a client of any protocol (or an attacker) has."""
     import zmq
@@ -248,15 +239,6 @@ def raw_sub(server, *topics, options=None):
     sub.connect(f"tcp://127.0.0.1:{server.port_out}")
     time.sleep(0.3)
     return sub
-
-
-def rss_mb(pid, peak=False):
-    """The resident memory of process `pid` now (VmRSS), or its peak so far (VmHWM), in MB."""
-    field = "VmHWM:" if peak else "VmRSS:"
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no {field} for {pid}")
 
 
 def peak_rss_mb(pid):
