@@ -208,8 +208,10 @@ class Sink:
             self.backlog.published(identity, size_of(frames))
             return True
         dropped = self.backlog.hold(identity, frames, slow=listening, reserve=reserve)
-        self.on_dropped(dropped, "it has too many bytes unread")
         kept = not dropped or dropped[-1].frames is not frames
+        evicted, refused = (dropped, []) if kept else (dropped[:-1], dropped[-1:])
+        self.on_dropped(evicted, "it held the most when all clients' waiting replies reached the cap")
+        self.on_dropped(refused, "it has too many bytes unread")
         if kept and listening and self.backlog.stalled_for(identity) > SLOW_AFTER and self.may_warn("slow"):
             self.log.warning("the reader of %r is not keeping up; holding its replies (one such line per %ds)",
                              identity[:64], WARN_EVERY)
