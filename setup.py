@@ -1,4 +1,8 @@
+import re
+
 from setuptools import find_packages, setup
+
+VERSION = re.search(r'__version__ = "(.+)"', open("encoder_client/version.py").read()).group(1)
 
 SERVER = ["torch==2.13.0", "transformers>=4.40", "tokenizers>=0.15", "huggingface_hub>=0.23", "safetensors>=0.4",
           "onnxruntime>=1.17", "onnx>=1.15", "numpy>=1.24",
@@ -12,7 +16,7 @@ TEST = ["pytest>=8", "pytest-timeout>=2.3", "bert-serving-client==1.10.0", "hypo
 
 setup(
     name="encoder-server",
-    version="0.1.0",
+    version=VERSION,
     description="Sentence embeddings from BERT-family encoders, served over ZeroMQ",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

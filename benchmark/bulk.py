@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from encoder_server.model_folder import default_model_path
+from encoder_server.model.model_folder import default_model_path
 
 from .corpus import texts as corpus_texts
 from .engines import ROOT, RssSampler, Service

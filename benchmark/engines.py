@@ -5,7 +5,6 @@ engine gives `client()`: a fresh object with `encode(texts) -> None`, one per co
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,14 +13,10 @@ from pathlib import Path
 
 import psutil
 
+from encoder_server.ports import free_port  # noqa: F401 (the benchmarks take it from here)
+
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 300
-
-
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class RssSampler:
@@ -198,6 +193,6 @@ def sentence_transformers(model, threads):
 def our_backend(settings):
     """Our Embedder in-process: the service minus the service."""
     from encoder_server import Embedder
-    from encoder_server.backends import prepare_model
+    from encoder_server.model.prepare import prepare_model
 
     return InProcess(f"{settings.backend} backend in-process", Embedder(prepare_model(settings)).embed_texts)

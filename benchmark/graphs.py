@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from encoder_server.backends import onnx_export
-from encoder_server.backends.quantization_check import row_cosine
+from encoder_server.model import onnx_export
+from encoder_server.model.quantization_check import row_cosine
 
 
 def _recipe(**changes):

@@ -18,10 +18,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmark import corpus
-from encoder_server.backends import onnx_export
-from encoder_server.backends.embedder import Embedder
-from encoder_server.backends.quantization_check import neighbour_overlap, row_cosine
-from encoder_server.backends.smoothing import weight_matmuls
+from encoder_server.model import onnx_export
+from encoder_server.model.embedder import Embedder
+from encoder_server.model.quantization_check import neighbour_overlap, row_cosine
+from encoder_server.model.smoothing import weight_matmuls
 from encoder_server.settings import resolve
 
 MIX = {"short": 128, "medium": 128, "long": 64}

@@ -20,7 +20,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,31 +28,12 @@ import time
 from pathlib import Path
 
 from encoder_client import EncoderClient
+from encoder_server.ports import free_port
 
 from . import corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 300
-
-
-def free_port(host="127.0.0.1", consecutive=1):
-    """A port on `host` with the `consecutive - 1` ports after it free as well."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
-        if port + consecutive - 1 <= 65535 and all(_free(host, port + i) for i in range(1, consecutive)):
-            return port
-    raise RuntimeError("no free ports")
-
-
-def _free(host, port):
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, port))
-            return True
-        except OSError:
-            return False
 
 
 class Namespace:

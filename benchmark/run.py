@@ -192,7 +192,7 @@ class Suite:
         units = ("rss", "pss")
         extra = {unit: round((rows[2][f"peak_{unit}_mb"] - rows[0][f"peak_{unit}_mb"]) / 2, 1) for unit in units}
         base = {unit: round(rows[0][f"peak_{unit}_mb"] - extra[unit], 1) for unit in units}
-        from encoder_server.cpus import default_workers
+        from encoder_server.model.cpus import default_workers
         big_host = default_workers(64)
         return {"rows": rows, "per_extra_worker_mb": extra, "without_workers_mb": base,
                 "host_64_cores": {"workers": big_host,
@@ -223,13 +223,13 @@ class Suite:
         from transformers import AutoConfig
 
         from benchmark import graphs
-        from encoder_server.backends.model_cache import onnx_files
-        from encoder_server.backends.passes import plan_passes
-        from encoder_server.backends.tokenizer import Tokenizer
+        from encoder_server.model.model_cache import onnx_files
+        from encoder_server.model.passes import plan_passes
+        from encoder_server.model.tokenizer import Tokenizer
         from encoder_server.settings import resolve
 
         settings = resolve(model=self.model)
-        tokenizer = Tokenizer.for_settings(settings)
+        tokenizer = Tokenizer.for_spec(settings)
         passes_by_kind = {}
         for kind in self.plan.kinds:
             encoding = tokenizer.tokenize(corpus.texts(kind, self.plan.texts[kind]))
@@ -244,7 +244,7 @@ class Suite:
         from sentence_transformers import SentenceTransformer
 
         from encoder_client import EncoderClient
-        from encoder_server.backends.quantization_check import row_cosine
+        from encoder_server.model.quantization_check import row_cosine
         texts = corpus.texts("medium", 128) + corpus.texts("long", 64) + corpus.texts("short", 64)
         reference = SentenceTransformer(str(self.model), device="cpu").encode(texts, batch_size=32)
         rows = []
@@ -317,7 +317,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
 
-    from encoder_server.model_folder import default_model_path
+    from encoder_server.model.model_folder import default_model_path
     plan = SMOKE if args.smoke else Plan()
     if args.repeats:
         plan.repeats = args.repeats

@@ -3,7 +3,7 @@ from .aio import AsyncEncoderClient, EncodeResult
 from .client import EncoderClient
 from .concurrent import ConcurrentEncoderClient
 from .errors import ConnectionLostError, IdentityRefusedError, RequestTooLargeError, ServerBusyError, ServerError
+from .version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["EncoderClient", "AsyncEncoderClient", "EncodeResult", "ConcurrentEncoderClient", "ServerError",
            "ServerBusyError", "ConnectionLostError", "IdentityRefusedError", "RequestTooLargeError", "__version__"]

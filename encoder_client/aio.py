@@ -13,7 +13,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
 from .keys import as_identity, curve_keys
-from .protocol import ReplyReader, decode_reply, encode_request, refusal_topic, topic
+from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, ReplyReader, decode_reply, encode_request, refusal_topic,
+                       topic)
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
 from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket
@@ -38,7 +39,7 @@ class AsyncEncoderClient:
     IdentityRefusedError for an identity the server refuses. Keys as EncoderClient.
     """
 
-    def __init__(self, host="localhost", port=5555, port_out=5556, identity=None, timeout=None,
+    def __init__(self, host="localhost", port=DEFAULT_PORT, port_out=DEFAULT_PORT_OUT, identity=None, timeout=None,
                  server_key=None, client_key=None):
         self.identity = as_identity(identity)
         self._topic, self._refusal_topic = topic(self.identity), refusal_topic(self.identity)

@@ -13,12 +13,12 @@ from zmq.utils.monitor import recv_monitor_message
 from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
 from .keys import as_identity, curve_keys
 from .progress import PROGRESS_CHUNK, chunks, progress_bar
-from .protocol import ReplyReader, decode_reply, encode_request, refusal_topic, topic
+from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, ReplyReader, decode_reply, encode_request, refusal_topic,
+                       topic)
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
 from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket
 from .validation import check_texts
-
 
 
 class EncoderClient:
@@ -33,7 +33,7 @@ class EncoderClient:
     client's .key_secret file as `client_key` (from `encoder-server keygen`).
     """
 
-    def __init__(self, host="localhost", port=5555, port_out=5556, identity=None, timeout=None,
+    def __init__(self, host="localhost", port=DEFAULT_PORT, port_out=DEFAULT_PORT_OUT, identity=None, timeout=None,
                  output_fmt="ndarray", server_key=None, client_key=None):
         if output_fmt not in ("ndarray", "list"):
             raise ValueError('output_fmt must be "ndarray" or "list"')

@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 PROTOCOL_VERSION = 2
+DEFAULT_PORT, DEFAULT_PORT_OUT = 5555, 5556  # the server's request and result ports
+DEFAULT_MAX_REQUEST_MB = 128  # the largest request a server takes unless --max-request-mb says otherwise
+TOKEN_LEVEL = "none"  # the pooling strategy whose results are [n, seq, dim]: one vector per token
 STREAMED_SINCE = 2  # the protocol version from which clients take results in chunks
 CHUNK_BYTES = 128 << 10
 COMMANDS = (b"SHOW_CONFIG", b"SHOW_STATUS", b"TERMINATION")

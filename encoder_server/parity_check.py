@@ -1,7 +1,6 @@
 """`encoder-server check`: a built-in sample through a real server started with the given choices,
 and through sentence-transformers itself; prints the row cosines and the width, exits non-zero
 below MIN_COSINE (or when sentence-transformers is missing, since nothing was compared)."""
-import socket
 import subprocess
 import sys
 
@@ -9,6 +8,7 @@ import numpy as np
 
 from encoder_client import EncoderClient
 
+from .ports import free_port
 from .quickstart import wait_until_ready
 from .settings import resolve
 
@@ -22,7 +22,7 @@ SAMPLE = ["A man is eating food.", "The girl is carrying a baby.", "How do I res
 def check(start_flags, choices):
     """0 when the served rows match sentence-transformers' within MIN_COSINE, else 1."""
     settings = resolve(**choices)
-    port, port_out = _free_port(), _free_port()
+    port, port_out = free_port(), free_port()
     server = subprocess.Popen([sys.executable, "-m", "encoder_server.cli", "start", *start_flags, "--port", str(port),
                                "--port-out", str(port_out), "--num-worker", "1"])
     try:
@@ -48,9 +48,3 @@ def check(start_flags, choices):
     print(f"row cosine against sentence-transformers over {len(SAMPLE)} texts: min {cosine.min():.7f}, "
           f"mean {cosine.mean():.7f}: {verdict}")
     return 0 if cosine.min() >= MIN_COSINE else 1
-
-
-def _free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

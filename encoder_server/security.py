@@ -5,6 +5,7 @@ public key, NAME.key_secret both keys. The server loads its secret file; clients
 when their public key file is in the --authorized-clients folder. The server's own key is always
 allowed: its local workers and its built-in HTTP gateway connect with it.
 """
+import ipaddress
 import os
 
 import zmq
@@ -74,3 +75,13 @@ def own_client_keys(settings):
 def workers_use_curve(settings):
     """Worker sockets are encrypted when they are open to other hosts on a CURVE server."""
     return bool(settings.server_key and settings.worker_port)
+
+
+def is_loopback(peer_address):
+    """Whether a peer's address (as ZeroMQ reports it) is this host's loopback, IPv4 or IPv6."""
+    try:
+        address = ipaddress.ip_address(peer_address or "")
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback

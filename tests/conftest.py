@@ -1,8 +1,7 @@
 """Fixtures: a tiny random BERT in a temp folder, and real encoder-server processes on loopback."""
+import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,11 +13,15 @@ import pytest
 
 from benchmark.non_reader import rss_mb, sink_pid  # noqa: F401 (the tests use them)
 from encoder_client import EncoderClient
+from encoder_server.ports import free_port  # noqa: F401 (the tests use it)
 
 WORDS = ("the a an of to and in is was for on that with as by it at from this be are or not have has "
          "cat dog bird fish tree house car road city river sun moon star sky rain snow wind fire water "
          "red blue green big small old new fast slow good bad happy sad run walk jump read write sing").split()
 START_TIMEOUT = 120
+FAULTS = {"ENCODER_SERVER_FAULTS": "1"}  # switches on the test-only hook of server.fault_injection
+# heartbeats every 0.25 s, so a silent worker or ventilator counts as lost after 1.25 s, not 5 s
+FAST_HEARTBEATS = {"ENCODER_SERVER_HEARTBEAT_INTERVAL": "0.25"}
 
 
 def build_tiny_bert(folder, seed=0, max_positions=64):
@@ -57,39 +60,6 @@ def tiny_model(tmp_path_factory):
     return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
-def _ephemeral_range_start():
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-_LOWEST_PORT = 10_000
-_port_cursor = [random.randrange(_LOWEST_PORT, max(_LOWEST_PORT + 1, _ephemeral_range_start() - 2000))]
-
-
-def free_port(consecutive=1):
-    """The first of `consecutive` free ports. They lie below the kernel's ephemeral range, so no
-    outgoing connection (a client's, a worker's) can take one between this pick and the server's
-    bind, and none is handed out twice in one test run."""
-    end = _ephemeral_range_start()
-    for _ in range(end):
-        first = _port_cursor[0]
-        _port_cursor[0] = first + consecutive if first + consecutive < end else _LOWEST_PORT
-        if first + consecutive <= end and all(_bindable(port) for port in range(first, first + consecutive)):
-            return first
-    raise RuntimeError("no free port below the ephemeral range")
-
-
-def _bindable(port):
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
 class RunningServer:
     def __init__(self, process, port, port_out, log_path, tmpdir, client_keys=None):
         self.process, self.port, self.port_out = process, port, port_out
@@ -104,6 +74,11 @@ class RunningServer:
     @property
     def log(self):
         return Path(self.log_path).read_text(errors="replace")
+
+    def status(self):
+        """The server's SHOW_STATUS report, asked for by a fresh client."""
+        with self.client(timeout=10) as client:
+            return client.server_status
 
     def worker_pids(self):
         with self.client(timeout=5) as client:
@@ -186,13 +161,41 @@ def group_alive(pgid):
         return False
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_server(tiny_model, tmp_path_factory):
-    """Two workers, small jobs so that requests split, tokens allowed."""
+    """Two workers, small jobs so that requests split, tokens allowed. Shared by the whole run: a test
+    that needs a server in a state of its own (killed, stalled, flooded) starts one."""
     with running_server(tiny_model, "--num-worker", "2", "--max-batch-size", "32", "--priority-batch-size", "4",
                         "--max-batch-tokens", "512", "--show-tokens-to-client",
                         tmp_path=tmp_path_factory.mktemp("tiny-server")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def one_worker_server(tiny_model, tmp_path_factory):
+    """One worker: the target of hostile peers and subscribers, shared by the whole run. Every test
+    leaves it serving (each checks that good clients still are)."""
+    with running_server(tiny_model, "--num-worker", "1", tmp_path=tmp_path_factory.mktemp("one-worker")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def small_queue_server(tiny_model, tmp_path_factory):
+    """One worker and at most 2000 pending texts, so that floods fill it: shared like one_worker_server."""
+    with running_server(tiny_model, "--num-worker", "1", "--max-pending-texts", "2000",
+                        tmp_path=tmp_path_factory.mktemp("small-queue")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def keyed_gateway(one_worker_server, tmp_path_factory):
+    """`encoder-server http` in front of one_worker_server, with http_helpers.API_KEY."""
+    from http_helpers import API_KEY, running_gateway
+
+    with running_gateway(one_worker_server.port, one_worker_server.port_out, tmp_path_factory.mktemp("gateway"),
+                         "--api-key", API_KEY) as gateway:
+        gateway.wait_status("/ready", 200)
+        yield gateway
 
 
 def reference_embeddings(model_dir, texts, layers=(-2,), strategy="mean", is_tokenized=False, max_length=None):
@@ -241,6 +244,21 @@ def raw_sub(server, *topics, options=None):
     return sub
 
 
+def raw_sockets(server, identity):
+    """A PUSH to the request port and a SUB to `identity`'s whole topic on the result port, as a
+    peer without our client has."""
+    return raw_push(server), raw_sub(server, identity + b"\0")
+
+
+def replies(sub, count, timeout_ms=10000):
+    """Up to `count` replies from `sub`: (identity, the JSON body, every frame) each."""
+    received = []
+    while len(received) < count and sub.poll(timeout_ms):
+        frames = sub.recv_multipart()
+        received.append((frames[0], json.loads(frames[1]), frames))
+    return received
+
+
 def peak_rss_mb(pid):
     """The peak resident memory of process `pid` so far (VmHWM), in MB."""
     return rss_mb(pid, peak=True)
@@ -252,4 +270,15 @@ def random_texts(count, seed=0, min_words=1, max_words=30):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: runs for minutes (the soak); CI still runs it")
+    config.addinivalue_line("markers", "slow: runs for minutes (the long soak); left out unless selected "
+                                       "with -m slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leave the slow tests out of a run that selects no marker."""
+    if config.getoption("markexpr"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]

@@ -12,6 +12,12 @@ from conftest import free_port
 
 START_TIMEOUT = 30
 STOP_TIMEOUT = 10
+API_KEY = "sk-test-gateway"  # the key of conftest.keyed_gateway
+
+
+def authorized(**headers):
+    """Request options with keyed_gateway's key, and `headers`."""
+    return {"headers": {"Authorization": f"Bearer {API_KEY}", **headers}}
 
 
 class Gateway:

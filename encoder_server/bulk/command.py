@@ -4,12 +4,11 @@ import os
 import sys
 from pathlib import Path
 
-from . import shards
+from . import MODEL_OPTIONS, shards
 from .job import run_shards, stage_input
 from .source import InputError, input_format
 
 SERVER_OPTIONS = ("port", "port_out", "server_key", "client_key", "timeout")
-MODEL_OPTIONS = ("model", "pooling_strategy", "pooling_layer", "max_seq_len", "normalize", "quantize", "backend")
 
 
 def bulk(args):
@@ -83,7 +82,7 @@ def _connect_ray(address):
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     import ray
 
-    from ..cpus import usable_cpus
+    from ..model.cpus import usable_cpus
 
     local = {} if address else {"num_cpus": usable_cpus(), "include_dashboard": False}
     ray.init(address=address or "local", logging_level=logging.ERROR, log_to_driver=False, **local)

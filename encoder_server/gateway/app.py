@@ -5,7 +5,7 @@ import logging
 
 from fastapi import FastAPI
 
-from encoder_server import __version__
+from encoder_client.version import __version__
 
 from .auth import ApiKeyMiddleware
 from .bert_routes import bert_router

@@ -8,7 +8,7 @@ from starlette.exceptions import HTTPException
 from encoder_client import ConnectionLostError, RequestTooLargeError, ServerBusyError, ServerError
 from encoder_client.protocol import BAD_REQUEST, DRAINING, TOO_LARGE
 
-RETRY_AFTER_S = "1"
+from .limits import RETRY_LATER
 
 
 class GatewayError(Exception):
@@ -26,7 +26,7 @@ def from_client_error(error):
     message = str(error)
     if isinstance(error, ServerBusyError):
         return GatewayError(429, message, code="server_busy", kind="rate_limit_error",
-                            headers={"Retry-After": RETRY_AFTER_S})
+                            headers=RETRY_LATER)
     if isinstance(error, RequestTooLargeError):
         return GatewayError(413, message, param="input", code="request_too_large")
     if isinstance(error, (TypeError, ValueError)):
@@ -36,7 +36,7 @@ def from_client_error(error):
     if isinstance(error, PermissionError):  # the server refused the gateway's CURVE key
         return GatewayError(502, message, code="gateway_key_refused")
     if isinstance(error, ConnectionLostError):
-        return GatewayError(503, message, code="connection_lost", headers={"Retry-After": RETRY_AFTER_S})
+        return GatewayError(503, message, code="connection_lost", headers=RETRY_LATER)
     if isinstance(error, ServerError):
         return _from_server_refusal(error)
     raise error
@@ -48,7 +48,7 @@ def _from_server_refusal(error):
     if error.code == TOO_LARGE:  # more texts than --max-pending-texts: never admissible
         return GatewayError(413, message, param="input", code="request_too_large")
     if error.code == DRAINING:  # as when the status poll saw the drain first (ServerLink.unavailable)
-        return GatewayError(503, message, code="server_unavailable", headers={"Retry-After": RETRY_AFTER_S})
+        return GatewayError(503, message, code="server_unavailable", headers=RETRY_LATER)
     if error.code == BAD_REQUEST:
         return GatewayError(400, message, param="input")
     return GatewayError(500, message)

@@ -5,12 +5,12 @@ import logging
 import time
 from collections import deque
 
+from encoder_client.protocol import DEFAULT_MAX_REQUEST_MB, TOKEN_LEVEL
 from encoder_client.request import max_request_bytes
 from encoder_client.status import StatusError, check_status
-from encoder_server.backends.pooling import TOKEN_LEVEL
-from encoder_server.settings import Settings
 
 from .errors import CLIENT_ERRORS, GatewayError, from_client_error
+from .limits import RETRY_LATER
 
 log = logging.getLogger("gateway")
 POLL_INTERVAL = 1.0
@@ -114,7 +114,7 @@ class ServerLink:
     @property
     def max_request_bytes(self):
         """The largest request the server takes (its default until it has said)."""
-        return max_request_bytes(self.config) or Settings.max_request_mb << 20
+        return max_request_bytes(self.config) or DEFAULT_MAX_REQUEST_MB << 20
 
     def unavailable(self):
         """Why encode requests cannot be served now (None when they can)."""
@@ -140,7 +140,7 @@ class ServerLink:
         `model_options`: prompt, prompt_name, normalize, truncate (None: the server's default)."""
         reason = self.unavailable()
         if reason is not None:
-            raise GatewayError(503, reason, code="server_unavailable", headers={"Retry-After": "1"})
+            raise GatewayError(503, reason, code="server_unavailable", headers=RETRY_LATER)
         try:
             return await self.client.encode_result(texts, is_tokenized=is_tokenized, **model_options)
         except CLIENT_ERRORS as error:

@@ -3,6 +3,7 @@ from fastapi import APIRouter
 
 from .array_json import ArrayJSONResponse
 from .errors import GatewayError
+from .limits import RETRY_LATER
 from .openai_schema import (EmbeddingRequest, check_dimensions, embedding_response, model_card, model_not_found,
                             shorten, texts_from_input)
 
@@ -46,5 +47,5 @@ def check_model(link, name):
 def served_model(link):
     if link.model is None:
         raise GatewayError(503, link.error or "not connected to the encoder-server yet", code="server_unavailable",
-                           headers={"Retry-After": "1"})
+                           headers=RETRY_LATER)
     return link.model

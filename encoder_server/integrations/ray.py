@@ -12,6 +12,8 @@ runs the model in the actor (an `Embedder` whose threads are the actor's CPUs), 
 import ray
 import ray.data
 
+from encoder_client.protocol import DEFAULT_PORT, DEFAULT_PORT_OUT
+
 from .arrow import embedding_column, texts_of
 
 BATCH_ROWS = 256
@@ -25,13 +27,13 @@ class Embed:
     quantize="int8", ...). As a client: `address` is the server's host, with its `port`,
     `port_out`, `timeout` and CURVE `server_key`/`client_key` files as for EncoderClient."""
 
-    def __init__(self, column="text", output_column="embedding", *, address=None, port=5555, port_out=5556,
+    def __init__(self, column="text", output_column="embedding", *, address=None, port=DEFAULT_PORT, port_out=DEFAULT_PORT_OUT,
                  timeout=600, server_key=None, client_key=None, model=None, **choices):
         self.column, self.output_column = column, output_column
         if address is None:
-            from ..backends.embedder import Embedder
+            from ..model import load
             choices.setdefault("threads_per_worker", actor_cpus())
-            self._embedder = Embedder.load(model, **choices)
+            self._embedder = load(model, **choices)
             self._encode = self._embedder.embed_texts
         else:
             from encoder_client import EncoderClient

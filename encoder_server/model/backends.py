@@ -1,0 +1,31 @@
+"""Model backends: the engines that run the pooled encoder.
+
+A backend runs one padded Pass (model.passes) through the pooled encoder:
+
+    backend.run(pass_) -> np.ndarray   # [n, dim], or [n, seq, dim] for token-level pooling
+
+BACKENDS is the one table of them: the spec and the CLI take their names from it, and
+load_backend builds from it.
+"""
+from dataclasses import dataclass
+from importlib import import_module
+
+
+@dataclass(frozen=True)
+class BackendKind:
+    module: str        # the module under encoder_server.model that holds it
+    class_name: str
+    default_on: tuple  # the devices it is the default on
+
+
+BACKENDS = {"onnx": BackendKind("onnx_backend", "OnnxBackend", default_on=("cpu",)),
+            "torch": BackendKind("torch_backend", "TorchBackend", default_on=("cuda",))}
+
+
+def default_backend(device):
+    return next(name for name, kind in BACKENDS.items() if device in kind.default_on)
+
+
+def load_backend(spec, **options):
+    kind = BACKENDS[spec.backend]
+    return getattr(import_module(f".{kind.module}", __package__), kind.class_name)(spec, **options)

@@ -1,0 +1,155 @@
+"""ONNX files built once per model, pooling and precision, kept in a user cache folder.
+
+The cache key covers the model folder's content, every setting baked into the graph and the
+versions of the tools that built it, so a changed model or upgrade never reuses a stale file.
+Concurrent starts share one build through a file lock. Each build lists the sha256 of every file
+it wrote in CHECKSUMS; an entry whose files no longer match (a truncated copy, a full disk) or that
+has no such list is built again, with a warning, rather than handed to the workers.
+
+The weights live beside the graph in model.onnx.data, which ONNX Runtime maps into memory instead
+of copying: the workers of a host share one copy in the page cache, and the embedding table's rows
+that no text uses are never read.
+"""
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock
+
+from . import onnx_export
+
+log = logging.getLogger(__name__)
+FORMAT = 3  # 2: a pool_mask input, the model's head inside, no normalization; 3: weights in model.onnx.data
+CACHE_ENV = "ENCODER_SERVER_CACHE"
+CHECKSUMS = "checksums.json"  # file name -> sha256, beside model.onnx (and any external-data files)
+
+
+def cache_root():
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    from platformdirs import user_cache_dir
+    return Path(user_cache_dir("encoder-server")) / "onnx"
+
+
+def onnx_files(spec):
+    """(fp32 file, served file) for these spec, building whatever the cache lacks."""
+    fp32 = _cached(_key(spec, precision="fp32"), lambda target: onnx_export.export(spec, target))
+    if spec.quantize == "int8":
+        return fp32, _cached(_key(spec, precision="int8"),
+                             lambda target: onnx_export.quantize(fp32, target, spec))
+    if spec.fp16:
+        return fp32, _cached(_key(spec, precision="fp16"), lambda target: onnx_export.to_fp16(fp32, target))
+    return fp32, fp32
+
+
+def _cached(key, build):
+    folder = cache_root() / key
+    target = folder / "model.onnx"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock", timeout=600):
+        if target.exists():
+            damage = _damage(folder)
+            if damage is None:
+                log.info("using cached %s", target)
+                return target
+            log.warning("cached ONNX entry unusable: %s; building it again", damage)
+        log.info("building %s (once; later starts reuse it)", target)
+        shutil.rmtree(folder, ignore_errors=True)  # a build interrupted before it was complete
+        for stale in folder.parent.glob(f".build-{key}-*"):  # left by a builder killed mid-way; we hold its lock
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".build-{key}-"))
+        try:
+            with _scratch_folder(staging / "scratch"):
+                build(staging / "model.onnx")
+            _write_checksums(staging)  # before the rename: a complete folder always has them
+            staging.rename(folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _write_checksums(folder):
+    sums = {path.name: _sha256(path) for path in sorted(folder.iterdir()) if path.is_file()}
+    (folder / CHECKSUMS).write_text(json.dumps(sums, indent=1))
+
+
+def _damage(folder):
+    """Why a cached folder cannot be served, naming the file; None when every file matches its sha256."""
+    try:
+        sums = json.loads((folder / CHECKSUMS).read_text())
+    except FileNotFoundError:
+        return f"{folder / CHECKSUMS} is missing (built before checksums were kept)"
+    except ValueError:
+        return f"{folder / CHECKSUMS} is unreadable"
+    if not isinstance(sums, dict) or "model.onnx" not in sums:
+        return f"{folder / CHECKSUMS} does not list model.onnx"
+    for name, expected in sums.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if _sha256(path) != expected:
+            return f"{path} does not match its sha256 in {CHECKSUMS} (truncated or changed since it was built)"
+    return None
+
+
+@contextmanager
+def _scratch_folder(path):
+    """Point temp files of the export tools (torch's compile cache and others) into `path`, then remove it."""
+    path.mkdir()
+    saved_env, saved_default = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(path), str(path)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved_default
+        if saved_env is None:
+            del os.environ["TMPDIR"]
+        else:
+            os.environ["TMPDIR"] = saved_env
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _key(spec, precision):
+    recipe = {"format": FORMAT, "model": _folder_digest(spec.encoder_path), "precision": precision,
+              "head": [[layer.describe(), _folder_digest(layer.folder)] for layer in spec.head],
+              "int8": onnx_export.INT8_RECIPE if precision == "int8" else None,
+              "pooling": [spec.pooling.strategy, list(spec.pooling.layers), spec.num_layers],
+              "opset": onnx_export.OPSET,
+              **{tool: _version(tool) for tool in ("torch", "transformers", "onnxruntime", "onnx")}}
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
+    return f"{Path(spec.model).name[:60]}-{precision}-{digest}"
+
+
+def _version(distribution):
+    """An installed tool's version, read without importing it (importing torch costs 260 MB)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def _folder_digest(folder):
+    """Content hash of the model folder's top-level files (config, weights, tokenizer)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(folder).iterdir()):
+        if path.is_file():
+            digest.update(path.name.encode())
+            _feed(digest, path)
+    return digest.hexdigest()
+
+
+def _sha256(path):
+    return _feed(hashlib.sha256(), path).hexdigest()
+
+
+def _feed(digest, path):
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest

@@ -1,0 +1,96 @@
+"""Build the ONNX files the onnx backend runs: export the pooled encoder (with the model's Dense and
+LayerNorm head), then optionally quantize it to int8 or convert it to fp16. Each file keeps its
+weights in `<file>.data` beside it (see model_cache).
+
+ONNX Runtime's offline transformer fusions (Attention, SkipLayerNormalization) are not applied:
+they kept the row cosine at 0.9999999 but ran 1-12% slower on the CPUs measured than the session's
+own optimizations (`python -m benchmark.run --only graphs`)."""
+import re
+import warnings
+
+OPSET = 17
+OUTPUT_NAME = "embeddings"
+
+
+def export(spec, path):
+    """The pooled encoder as fp32 ONNX with dynamic batch and sequence axes."""
+    import torch
+
+    from .pooled_model import INPUT_NAMES, load_pooled_encoder
+
+    encoder = load_pooled_encoder(spec, attention="eager")
+    ids = torch.tensor([[2, 5, 6, 3], [2, 5, 3, 0]], dtype=torch.int64)
+    mask = (ids != 0).to(torch.int64)  # padding in the sample, so the traced graph keeps the mask
+    pooled = torch.tensor([[0, 1, 1, 0], [0, 1, 0, 0]], dtype=torch.int64)
+    axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES}
+    axes[OUTPUT_NAME] = {0: "batch", 1: "sequence"} if spec.pooling.token_level else {0: "batch"}
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer notes about branches that are constant for encoders
+        # the TorchScript exporter: the dynamo one needs onnxscript and its graph optimizes less well
+        torch.onnx.export(encoder, (ids, mask, pooled), str(path), input_names=list(INPUT_NAMES),
+                          output_names=[OUTPUT_NAME], dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+    move_weights_out(path)
+
+
+# The int8 recipe: signed per-channel weights on every MatMul, each MatMul's input smoothed first
+# (smoothing.py: a channel above the median channel's max |x| on SAMPLE is divided by
+# (max / median) ** 0.5 and its weight row multiplied by the same, so fp32 output is unchanged),
+# and the first layer's feed-forward output MatMul kept fp32. Chosen by measurement on
+# all-MiniLM-L6-v2 (min row cosine 0.995, about 2x fp32's speed); benchmark/RESULTS.md, "The int8
+# recipe", has the figures and the recipes tried and rejected.
+INT8_RECIPE = {"weight_type": "QInt8", "per_channel": True, "reduce_range": False,
+               "smooth": (r".*",), "smooth_alpha": 0.5, "smooth_floor": 0.5,
+               "exclude": (r".*/layer\.0/output/dense/MatMul",)}
+
+
+def quantize(source, target, spec, recipe=None):
+    """Dynamic int8 weights on every MatMul with a weight, except the nodes the recipe excludes;
+    the inputs of those the recipe's "smooth" patterns name are smoothed first, with activation
+    maxima measured on SAMPLE through the tokenizer of `spec` (those the fp32 file was
+    exported for)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from .smoothing import activation_maxima, smooth, weight_matmuls
+
+    recipe = recipe or INT8_RECIPE
+    graph = onnx.load(str(source), load_external_data=False).graph
+    exclude = matching_matmuls(graph, recipe["exclude"])
+    inputs = weight_matmuls(graph)
+    smoothed = [name for name in matching_matmuls(graph, recipe["smooth"]) if name in inputs and name not in exclude]
+    model = onnx.load(str(source))
+    if smoothed:
+        maxima = activation_maxima(source, spec, {inputs[name] for name in smoothed})
+        smooth(model.graph, maxima, smoothed, recipe["smooth_alpha"], recipe["smooth_floor"])
+    quantize_dynamic(model, str(target), weight_type=QuantType[recipe["weight_type"]],
+                     per_channel=recipe["per_channel"], reduce_range=recipe["reduce_range"],
+                     op_types_to_quantize=["MatMul"], nodes_to_exclude=exclude,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    move_weights_out(target)
+
+
+def matching_matmuls(graph, patterns):
+    """The graph's MatMul nodes whose whole name matches one of the patterns (regular expressions;
+    a plain node name matches itself)."""
+    return [node.name for node in graph.node
+            if node.op_type == "MatMul" and any(re.fullmatch(pattern, node.name) for pattern in patterns)]
+
+
+def to_fp16(source, target):
+    """Half precision for CUDA; inputs, outputs and the pooling tail stay float32."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True,
+                                     op_block_list=["ReduceSum", "ReduceMax", "ReduceL2", "Div", "Clip", "Where"])
+    onnx.save(model, str(target))
+    move_weights_out(target)
+
+
+def move_weights_out(path):
+    """Rewrite `path` with its weights in `path`.data (see model_cache)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=path.name + ".data", size_threshold=1024)

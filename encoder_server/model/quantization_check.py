@@ -1,0 +1,75 @@
+"""The start-up accuracy check for int8: quantized against fp32 on a built-in sample of texts."""
+import logging
+from dataclasses import replace
+
+import numpy as np
+
+from .embedder import Embedder
+from .model_folder import ConfigError
+
+log = logging.getLogger(__name__)
+SAMPLE = [
+    "Hello world.",
+    "The cat sat on the mat.",
+    "How do I reset my password?",
+    "Stock markets fell sharply on Monday after the central bank raised interest rates.",
+    "A quick brown fox jumps over the lazy dog near the river bank at sunset.",
+    "Photosynthesis converts light energy into chemical energy stored in glucose.",
+    "I absolutely loved this movie; the acting was superb and the plot kept me guessing.",
+    "Terrible service, cold food, and we waited an hour for a table.",
+    "The function returns None when the key is missing from the dictionary.",
+    "Quantum computers use qubits, which can represent zero and one at the same time.",
+    "Please remember to bring your passport and two printed copies of the booking.",
+    "She plays the violin in the city orchestra every Saturday evening.",
+    "What is the capital of Australia?",
+    "Canberra is the capital city of Australia, not Sydney as many people think.",
+    "Error 404: the page you are looking for could not be found on this server.",
+    "Mix the flour, sugar and butter, then bake for twenty minutes at 180 degrees.",
+    "The committee will review all applications and announce the results next month.",
+    "Machine learning models can inherit biases present in their training data.",
+    "ok",
+    "Why is the sky blue during the day but red at sunset?",
+    " ".join(["The history of the region is long and complicated, shaped by trade, migration, war and "
+              "the slow growth of cities along the great rivers that cross its plains."] * 4),
+    " ".join(["Customer reviews mention long battery life, a bright screen and a keyboard that feels "
+              "solid, though several people found the speakers weak and the charger slow."] * 3),
+]
+
+
+def check_int8(spec, fp32_file, int8_file):
+    """Log the min and mean row cosine and the top-10 neighbour overlap; raise ConfigError if the
+    mean cosine is below --min-quant-cosine. Returns (min cosine, mean cosine, neighbour overlap)."""
+    reference, quantized = (Embedder(replace(spec, onnx_file=str(path))).embed_texts(SAMPLE)
+                            for path in (fp32_file, int8_file))
+    cosine = row_cosine(reference, quantized)
+    overlap = neighbour_overlap(reference, quantized)
+    summary = (f"int8 vs fp32 on {len(SAMPLE)} sample texts: min row cosine {cosine.min():.5f}, "
+               f"mean {cosine.mean():.5f}, top-10 neighbour overlap {overlap:.3f}")
+    log.info(summary)
+    if cosine.mean() < spec.min_quant_cosine:
+        raise ConfigError(f"--quantize int8 refused: {summary}, below --min-quant-cosine "
+                          f"{spec.min_quant_cosine}; serve fp32 or lower the bar knowingly")
+    return float(cosine.min()), float(cosine.mean()), overlap
+
+
+def row_cosine(a, b):
+    a, b = a.reshape(len(a), -1).astype(np.float64), b.reshape(len(b), -1).astype(np.float64)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return (a * b).sum(axis=1) / np.maximum(norms, 1e-12)
+
+
+def neighbour_overlap(reference, candidate, k=10):
+    """For each row, the share of its k nearest other rows by cosine (k at most len - 1) that both
+    embeddings agree on, averaged over the rows; 1.0 when there are fewer than two rows."""
+    k = min(k, len(reference) - 1)
+    if k < 1:
+        return 1.0
+    neighbours = []
+    for rows in (reference, candidate):
+        rows = rows.reshape(len(rows), -1).astype(np.float64)
+        rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        similarity = rows @ rows.T
+        np.fill_diagonal(similarity, -np.inf)
+        neighbours.append(np.argpartition(-similarity, k - 1, axis=1)[:, :k])
+    shared = [len(np.intersect1d(a, b)) for a, b in zip(*neighbours)]
+    return float(np.mean(shared) / k)

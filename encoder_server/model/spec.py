@@ -1,0 +1,254 @@
+"""The model's own choices (which model, how it pools, how long its texts are, which engine runs it
+on which device in what precision), their bounds, and their resolution against the model folder.
+
+Each choice is declared once, with its default, its help text and its bounds; the service's
+Settings (encoder_server.settings) adds its own choices beside these, the CLI builds its options
+from both, and `resolve_spec` fills in every choice left at None from what the model folder says.
+"""
+import argparse
+import os
+from dataclasses import dataclass, field, fields, replace
+
+from .backends import BACKENDS, default_backend
+from .cpus import usable_cpus
+from .model_folder import ConfigError, default_model_path, inspect_model_folder
+from .pooling import MASKABLE, STRATEGIES, PoolingSpec
+
+MODEL, COMPUTE, SCHEDULING = "model and pooling", "compute", "scheduling"
+DEVICES = ("cpu", "cuda")
+DEFAULT_BATCH_TOKENS = {"cpu": 1024, "cuda": 16384}  # chosen by measurement: benchmark/RESULTS.md
+BUNDLED_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+def choice(default, group, help, **bounds):
+    """A setting the user chooses (`encoder-server start --NAME`). `bounds`: `choices`, `minimum`,
+    `port=True`, or for the CLI `nargs` and `parse` (the type of one value)."""
+    return field(default=default, metadata={"group": group, "help": help, **bounds})
+
+
+def parse_max_seq_len(value):
+    if value.lower() in ("none", "auto"):
+        return None if value.lower() == "none" else "auto"
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither an integer nor 'none'") from None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model: str = choice(None, MODEL, "a model folder (Hugging Face or sentence-transformers), or a Hugging Face "
+                                     "id ORG/NAME, taken from the Hugging Face cache and downloaded when the "
+                                     "network allows (default: the bundled all-MiniLM-L6-v2)")
+    revision: str = choice(None, MODEL, "branch, tag or commit of a Hugging Face id (default: main)")
+    pooling_strategy: str = choice(None, MODEL, "how token vectors become one vector (default: the model "
+                                                "folder's sentence-transformers pooling, else mean)",
+                                   choices=STRATEGIES)
+    pooling_layer: tuple = choice(None, MODEL, "hidden layer(s) to pool, negative from the top, 0 = embeddings; "
+                                               "several are concatenated (default: -1 for sentence-transformers "
+                                               "folders, else -2)", nargs="+", parse=int)
+    mask_cls_sep: bool = choice(False, MODEL, "leave [CLS] and [SEP] out of the pooling")
+    normalize: bool = choice(None, MODEL, "L2-normalise each embedding (default: as the model folder's "
+                                          "Normalize module says)")
+    max_seq_len: int = choice("auto", MODEL, "tokens kept per text, or 'none' for the model's limit with padding "
+                                             "to the longest text of each batch; 'auto' takes sentence-transformers' "
+                                             "max_seq_length, else the model's limit", parse=parse_max_seq_len)
+    default_prompt_name: str = choice(None, MODEL, "the prompt of the model's `prompts` applied when a request "
+                                                   "names none (default: the model's default_prompt_name)")
+
+    backend: str = choice(None, COMPUTE, "inference engine (default: onnx on cpu, torch on cuda)",
+                          choices=tuple(BACKENDS))
+    device: str = choice("cpu", COMPUTE, "where workers run the model", choices=DEVICES)
+    fp16: bool = choice(False, COMPUTE, "half precision (CUDA only)")
+    quantize: str = choice(None, COMPUTE, "dynamic int8 weights (onnx on cpu), served only if it passes the "
+                                          "accuracy check", choices=("int8",))
+    min_quant_cosine: float = choice(0.99, COMPUTE, "refuse int8 when its mean row cosine against fp32 on a "
+                                                    "built-in sample is lower")
+    threads_per_worker: int = choice(None, COMPUTE, "intra-op threads per worker lane (default: usable CPUs / workers, "
+                                                    "so none are oversubscribed)", minimum=1)
+
+    max_batch_size: int = choice(64, SCHEDULING, "larger requests are split into jobs of at most this many texts; "
+                                                 "also the row cap of one forward pass", minimum=1)
+    max_batch_tokens: int = choice(None, SCHEDULING, "cap on padded tokens (texts x longest) in one forward pass "
+                                                     "(default: 1024 on cpu, 16384 on cuda)", minimum=1)
+
+    # derived by resolve_spec() from the model folder, and by prepare.prepare_model
+    served_name: str = None   # the Hugging Face id, the folder's name or all-MiniLM-L6-v2
+    encoder_path: str = None  # the folder of the encoder's weights and tokenizer
+    pooling_source: str = None
+    include_prompt: bool = True  # whether prompt tokens count in pooling
+    head: tuple = ()          # model_folder.HeadLayer modules run after pooling
+    prompts: dict = None      # prompt name -> text
+    overrides: tuple = ()     # where the user's choices depart from the model's own configuration
+    truncate_at: int = None   # tokens kept per text
+    num_layers: int = None
+    hidden_size: int = None
+    onnx_file: str = None
+
+    @property
+    def pooling(self):
+        return PoolingSpec(self.pooling_strategy, self.pooling_layer, self.mask_cls_sep, self.normalize)
+
+    @property
+    def embedding_dim(self):
+        return self.head[-1].out_features if self.head else self.pooling.output_width(self.hidden_size)
+
+
+def choices_of(spec_class):
+    """The fields of a ModelSpec (or Settings) class that the user chooses."""
+    return tuple(f for f in fields(spec_class) if "help" in f.metadata)
+
+
+def resolve_spec(chosen):
+    """`chosen` (a ModelSpec, or a Settings built on one) with every model choice left at None
+    taken from the model folder. ConfigError, one line, for a choice that cannot work."""
+    check_bounds(chosen)
+    folder, served_name = locate_model(chosen.model, chosen.revision)
+    info = inspect_model_folder(folder)
+    from_st = info.sentence_transformers
+    if from_st and info.st_pooling is None and chosen.pooling_strategy is None:
+        raise ConfigError(f"--model {info.path}: its pooling ({' + '.join(info.st_pooling_modes) or 'no mode'}) "
+                          "has no equivalent here; choose one with --pooling-strategy")
+    device = chosen.device
+    spec = replace(
+        chosen, model=str(info.path), encoder_path=str(info.transformer_path), served_name=served_name,
+        pooling_strategy=chosen.pooling_strategy or (info.st_pooling if from_st else "mean"),
+        pooling_layer=tuple(chosen.pooling_layer or ([-1] if from_st else [-2])),
+        normalize=info.st_normalize if chosen.normalize is None else chosen.normalize,
+        pooling_source="sentence-transformers config" if from_st else "bert-as-service defaults",
+        include_prompt=info.st_include_prompt, prompts=dict(info.prompts),
+        default_prompt_name=unless_chosen(chosen.default_prompt_name, info.default_prompt_name),
+        max_seq_len=_resolve_max_seq_len(chosen.max_seq_len, info, from_st),
+        num_layers=info.num_layers, hidden_size=info.hidden_size,
+        backend=chosen.backend or default_backend(device),
+        threads_per_worker=unless_chosen(chosen.threads_per_worker, 1 if device == "cuda" else usable_cpus()),
+        max_batch_tokens=unless_chosen(chosen.max_batch_tokens, DEFAULT_BATCH_TOKENS[device]))
+    spec = replace(spec, truncate_at=spec.max_seq_len or info.max_positions)
+    spec = replace(spec, **_head_and_overrides(spec, info))
+    _check_pooling(spec.pooling, info.num_layers)
+    _check_prompt_name(spec)
+    _check_engine(spec)
+    return spec
+
+
+def locate_model(model, revision=None):
+    """(folder, served name) of `--model`: the bundled model, a folder, or a Hugging Face id."""
+    if model is None:
+        if revision:
+            raise ConfigError("--revision needs --model with a Hugging Face id")
+        return default_model_path(), BUNDLED_MODEL_NAME
+    if os.path.isdir(model) or model.startswith(("/", ".", "~")) or model.count("/") > 1:
+        if not os.path.isdir(model):
+            raise ConfigError(f"--model {model}: no such folder")
+        if revision:
+            raise ConfigError(f"--revision {revision}: --model {model} is a folder, not a Hugging Face id")
+        return model, _name_of_folder(model)
+    from .hub import download_model
+    return download_model(model, revision), model
+
+
+def _name_of_folder(folder):
+    """A folder's served name: ORG/NAME for a snapshot in the Hugging Face cache, else its name."""
+    parts = os.path.normpath(os.path.abspath(folder)).split(os.sep)
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3][len("models--"):].replace("--", "/")
+    return parts[-1]
+
+
+def _head_and_overrides(spec, info):
+    """The head the served model runs, and a line for each way the user's choices change what the
+    model folder would compute by itself (the start-up log shows them)."""
+    if not info.sentence_transformers:
+        return {"head": (), "overrides": ()}
+    own = PoolingSpec(info.st_pooling or " + ".join(info.st_pooling_modes), (-1,), False, info.st_normalize)
+    pooling, overrides = spec.pooling, []
+    for name, mine, theirs in (("--pooling-strategy", pooling.strategy, own.strategy),
+                               ("--pooling-layer", pooling.layers, own.layers),
+                               ("--mask-cls-sep", pooling.mask_cls_sep, own.mask_cls_sep),
+                               ("--normalize", pooling.normalize, own.normalize)):
+        if mine != theirs:
+            overrides.append(f"{name} {_shown(mine)} replaces the model's own {_shown(theirs)}")
+    head = info.head
+    width = pooling.output_width(info.hidden_size)
+    if head and not overrides and head[0].in_features != width:
+        raise ConfigError(f"--model {info.path}: its {head[0].describe()} takes {head[0].in_features} features, "
+                          f"but its pooling gives {width}")
+    if head and (pooling.token_level or head[0].in_features != width):
+        overrides.append(f"the model's {' + '.join(layer.describe() for layer in head)} after pooling is dropped: "
+                         f"it takes {head[0].in_features} features and this pooling gives {width}, so rows are "
+                         f"{width} wide, not {head[-1].out_features}")
+        head = ()
+    return {"head": head, "overrides": tuple(overrides)}
+
+
+def _shown(value):
+    return ", ".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def _check_prompt_name(spec):
+    name = spec.default_prompt_name
+    if name is not None and name not in spec.prompts:
+        known = ", ".join(spec.prompts) or "none"
+        raise ConfigError(f"--default-prompt-name {name}: the model has no such prompt (it has: {known})")
+
+
+def _check_pooling(pooling, num_layers):
+    if pooling.mask_cls_sep and pooling.strategy not in MASKABLE:
+        raise ConfigError(f"--mask-cls-sep has no meaning with --pooling-strategy {pooling.strategy}")
+    for layer in pooling.layers:
+        if not -(num_layers + 1) <= layer <= num_layers:
+            raise ConfigError(f"--pooling-layer {layer}: the model has {num_layers} layers, so use "
+                              f"{-(num_layers + 1)}..{num_layers} (0 is the embedding output)")
+
+
+def _resolve_max_seq_len(value, info, from_st):
+    if value == "auto":
+        value = info.st_max_seq_len if from_st and info.st_max_seq_len else info.max_positions
+    if value is None:
+        return None
+    if value < 3:
+        raise ConfigError(f"--max-seq-len {value}: must be at least 3 ([CLS] + one token + [SEP])")
+    if value > info.max_positions:
+        raise ConfigError(f"--max-seq-len {value} is above the model's limit of {info.max_positions} tokens")
+    return value
+
+
+def check_bounds(chosen):
+    """Each of `chosen`'s choices against its declared bounds."""
+    for choice_field in choices_of(type(chosen)):
+        value, bounds, flag = getattr(chosen, choice_field.name), choice_field.metadata, flag_of(choice_field.name)
+        if value is None:
+            continue
+        if "choices" in bounds and value not in bounds["choices"]:
+            raise ConfigError(f"{flag} {value}: choose one of {', '.join(bounds['choices'])}")
+        if bounds.get("minimum") is not None and value < bounds["minimum"]:
+            limit = "must not be negative" if bounds["minimum"] == 0 else f"must be at least {bounds['minimum']}"
+            raise ConfigError(f"{flag} {limit}, got {value}")
+        if bounds.get("port") and not 0 < value < 65535:
+            raise ConfigError(f"{flag} {value} is not a usable port")
+    if not 0 < chosen.min_quant_cosine <= 1:
+        raise ConfigError(f"--min-quant-cosine must be in (0, 1], got {chosen.min_quant_cosine}")
+
+
+def _check_engine(spec):
+    device, backend = spec.device, spec.backend
+    if spec.fp16 and device != "cuda":
+        raise ConfigError("--fp16 needs --device cuda")
+    if spec.quantize and (backend != "onnx" or device != "cpu"):
+        raise ConfigError("--quantize int8 needs --backend onnx on --device cpu")
+    if device == "cuda" and backend == "torch":
+        import torch
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is visible to torch")
+    if device == "cuda" and backend == "onnx":
+        import onnxruntime
+        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+            raise ConfigError("--device cuda --backend onnx needs the onnxruntime-gpu package")
+
+
+def unless_chosen(value, default):
+    return default if value is None else value
+
+
+def flag_of(name):
+    return "--" + name.replace("_", "-")

@@ -1,0 +1,126 @@
+"""Tokenization with the model's fast tokenizer: prompts prepended, long texts truncated (and
+counted), and which tokens count in pooling.
+
+It runs the folder's `tokenizer.json` with the `tokenizers` library alone, so a worker never imports
+transformers (nor, through it, torch); only a folder without a tokenizer.json has it converted by
+transformers. The file's own truncation and padding (the bundled one pads everything to 128) are
+replaced: we truncate at the server's limit and pad later, per pass.
+
+A tokenizer's memory grows with its input (about 100 bytes per character), whatever the limit, so
+a text far longer than `truncate_at` tokens is first cut to a prefix that still has more than
+`truncate_at` tokens, ending at whitespace: its first `truncate_at` tokens, all that is kept, are
+the same as the whole text's. The prefix starts at CHARS_PER_TOKEN characters per token allowed
+and grows while it has too few tokens, up to MAX_CHARS_PER_TOKEN, where a text (whitespace or
+junk that yields almost no tokens) is cut regardless.
+"""
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer as FastTokenizer
+
+from .passes import Encoding
+
+CHARS_PER_TOKEN = 8          # the first prefix tried: enough for almost any real text
+MAX_CHARS_PER_TOKEN = 1024   # the longest prefix: past it, a text is cut regardless
+MARGIN = 8                   # tokens beyond the limit a prefix must have, so a cut word can't matter
+
+
+class Tokenizer:
+    def __init__(self, model_dir, truncate_at, mask_special=False, include_prompt=True):
+        self._tokenizer = load_fast_tokenizer(model_dir)
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(truncate_at)
+        self._whole = load_fast_tokenizer(model_dir)  # no truncation: to count a text's tokens
+        self._whole.no_padding()
+        self._whole.no_truncation()
+        self.truncate_at = truncate_at
+        self.mask_special = mask_special      # leave [CLS] and [SEP] out of pooling
+        self.include_prompt = include_prompt  # whether a prompt's tokens count in pooling
+        self.pad_id = pad_token_id(model_dir, self._tokenizer)
+        self.special_ids = {i for i, token in self._tokenizer.get_added_tokens_decoder().items() if token.special}
+        self._prompt_lengths = {}
+
+    @classmethod
+    def for_spec(cls, spec):
+        """The tokenizer that a resolved spec describes (model folder, truncation, pooled tokens)."""
+        return cls(spec.encoder_path, spec.truncate_at, spec.pooling.mask_cls_sep, spec.include_prompt)
+
+    def tokenize(self, texts, is_tokenized=False, with_tokens=False, prompt=""):
+        """Texts (or, with is_tokenized, lists of words) as an Encoding, each prefixed by `prompt`."""
+        if prompt:
+            texts = [prompt + text for text in texts]
+        texts = [self._bounded(item, is_tokenized) for item in texts]
+        encoded = self._tokenizer.encode_batch(texts, is_pretokenized=is_tokenized)
+        ids = [row.ids for row in encoded]
+        skip = 0 if self.include_prompt or not prompt else self._prompt_length(prompt)
+        pooled = [[int(i >= skip and not (self.mask_special and s)) for i, s in enumerate(row.special_tokens_mask)]
+                  for row in encoded]
+        tokens = [row.tokens for row in encoded] if with_tokens else None
+        return Encoding(ids, pooled, tokens, self._truncated(texts, ids, is_tokenized))
+
+    def _bounded(self, item, is_tokenized):
+        """`item` (a text, or a list of words), or a prefix of it with the same first `truncate_at`
+        tokens when it is too long to tokenize whole."""
+        per_token, last = (1, 64) if is_tokenized else (CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN)
+        size = (self.truncate_at + MARGIN) * per_token
+        while size < len(item):
+            prefix = item[:size] if is_tokenized else _cut_at_whitespace(item, size)
+            if size >= self.truncate_at * last or self._count(prefix, is_tokenized) > self.truncate_at + MARGIN:
+                return prefix
+            size *= 4
+        return item
+
+    def _count(self, item, is_tokenized):
+        return len(self._whole.encode(item, is_pretokenized=is_tokenized, add_special_tokens=False).ids)
+
+    def _truncated(self, texts, ids, is_tokenized):
+        """{index: tokens it had before truncation} for the texts that were cut (for a text cut to a
+        prefix first, the prefix's tokens: a lower bound)."""
+        full = [i for i, row in enumerate(ids) if len(row) >= self.truncate_at]
+        if not full:
+            return {}
+        whole = self._whole.encode_batch([texts[i] for i in full], is_pretokenized=is_tokenized)
+        lengths = [len(row.ids) for row in whole]
+        return {i: length for i, length in zip(full, lengths) if length > self.truncate_at}
+
+    def _prompt_length(self, prompt):
+        """The prompt's tokens as sentence-transformers counts them: a trailing special token excluded."""
+        if prompt not in self._prompt_lengths:
+            if len(self._prompt_lengths) >= 256:  # prompts come from clients: keep the cache bounded
+                self._prompt_lengths.clear()
+            ids = self._tokenizer.encode(prompt).ids
+            trailing_special = bool(ids) and ids[-1] in self.special_ids
+            self._prompt_lengths[prompt] = len(ids) - trailing_special
+        return self._prompt_lengths[prompt]
+
+
+def _cut_at_whitespace(text, size):
+    """The first `size` characters of `text`, less the word the cut would split (unless the
+    whole prefix is one word)."""
+    cut = max(text.rfind(" ", 0, size + 1), text.rfind("\n", 0, size + 1))
+    return text[:cut] if cut > 0 else text[:size]
+
+
+def load_fast_tokenizer(model_dir):
+    """The folder's tokenizer.json; without one, the tokenizer transformers builds from the folder."""
+    path = Path(model_dir) / "tokenizer.json"
+    if path.is_file():
+        return FastTokenizer.from_file(str(path))
+    from transformers import AutoTokenizer
+    converted = AutoTokenizer.from_pretrained(model_dir)
+    if not hasattr(converted, "backend_tokenizer"):
+        raise ValueError(f"{model_dir} has no tokenizer.json, and transformers has no fast tokenizer for it")
+    return FastTokenizer.from_str(converted.backend_tokenizer.to_str())
+
+
+def pad_token_id(model_dir, tokenizer):
+    """The id of the pad token that tokenizer_config.json or special_tokens_map.json names, else 0."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        try:
+            pad = json.loads((Path(model_dir) / name).read_text()).get("pad_token")
+        except (OSError, ValueError, AttributeError):
+            continue
+        pad = pad.get("content") if isinstance(pad, dict) else pad
+        if isinstance(pad, str) and tokenizer.token_to_id(pad) is not None:
+            return tokenizer.token_to_id(pad)
+    return 0

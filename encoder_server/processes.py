@@ -1,0 +1,37 @@
+"""What every child process of the supervisor does first: logging, signals, dying with its parent."""
+import ctypes
+import multiprocessing
+import os
+import signal
+import threading
+
+from .logs import configure_logging
+
+# how the supervisor asks a child to stop; children ignore SIGINT and SIGTERM, which a Ctrl-C, systemd
+# or `kill -- -PGID` send to the whole process group, and leave the order of shutdown to the supervisor
+STOP_SIGNAL = signal.SIGUSR1
+
+
+def start_child(name, verbose):
+    """Set up a child process; returns (log, stop) where `stop` is set by STOP_SIGNAL."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(STOP_SIGNAL, lambda *_: stop.set())
+    _die_with_parent()
+    return configure_logging(name, verbose), stop
+
+
+def _die_with_parent():
+    """Have Linux kill us when the supervisor dies, even by kill -9: a child that outlived it would
+    hold the ports, and a process manager's restart would fail with "address already in use"."""
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return  # not Linux: the supervisor's orderly stop still applies
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os._exit(1)  # it died before we asked

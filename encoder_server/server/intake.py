@@ -1,0 +1,143 @@
+"""Checking what a client sent, before any of it is queued. Pure: no sockets.
+
+Anything wrong raises ProtocolError with a message for the client.
+"""
+import re
+from dataclasses import dataclass
+
+from encoder_client.protocol import STREAMED_SINCE, TOO_LARGE, ProtocolError, decode_texts
+from encoder_client.request import check_model_options
+from encoder_client.validation import check_texts, looks_tokenized
+
+MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # a week: past it, a client means "no limit" (send none)
+
+
+@dataclass(frozen=True)
+class EncodeRequest:
+    identity: bytes
+    req_id: int
+    texts: list
+    is_tokenized: bool
+    with_tokens: bool
+    timeout_s: float = None  # how long the client waits; work still queued after that is dropped
+    options: dict = None     # what it asks of the model (encoder_client.request.MODEL_OPTIONS), checked
+    streamed: bool = False   # its client takes a large result in chunks (protocol 2)
+
+
+def parse_encode(request, show_tokens_allowed, max_texts=None):
+    if max_texts is not None:
+        _check_lists(request, max_texts)
+    texts = decode_texts(request)
+    if max_texts is not None and isinstance(texts, list) and len(texts) > max_texts:
+        raise ProtocolError(f"{len(texts)} texts in one request is above the server's limit of {max_texts} "
+                            "(--max-pending-texts); split the request", request.identity, request.req_id, TOO_LARGE)
+    is_tokenized = _flag(request, "is_tokenized", looks_tokenized(texts))
+    try:
+        check_texts(texts, is_tokenized)
+    except (TypeError, ValueError) as error:
+        raise ProtocolError(str(error), request.identity, request.req_id) from None
+    if request.msg_len != len(texts):
+        raise ProtocolError(f"msg_len is {request.msg_len} but the payload holds {len(texts)} texts",
+                            request.identity, request.req_id)
+    return EncodeRequest(request.identity, request.req_id, texts, is_tokenized,
+                         _with_tokens(request, show_tokens_allowed), _timeout(request), _model_options(request),
+                         _streamed(request))
+
+
+def _check_lists(request, max_texts):
+    """Refuse, before parsing, a payload with more JSON lists and objects than any admissible
+    request has (the outer list, and one word list per text): parsing millions of them, as in
+    `[[],[],...]`, once held the ventilator for 15 s and took 3.9 GB. The brackets are counted
+    fast, and counted again outside strings only when there seem to be too many, and only when
+    that is cheap: a payload with millions of strings or escapes besides is refused as it is."""
+    payload, limit = request.payload, max_texts + 1
+    nested = payload.count(b"[") + payload.count(b"{")
+    if nested <= limit:
+        return
+    marks = payload.count(b'"') + payload.count(b"\\")
+    if marks <= MAX_MARKS_RECOUNTED:
+        structure = _JSON_STRING.sub(b"", payload)
+        nested = structure.count(b"[") + structure.count(b"{")
+        if nested <= limit:
+            return
+        raise ProtocolError(f"payload holds {nested} JSON lists or objects; a request has at most {limit} (the "
+                            "list of texts, and one word list per text)", request.identity, request.req_id,
+                            TOO_LARGE)
+    raise ProtocolError(f"payload holds {nested} brackets and {marks} quotes or backslashes, too many to check "
+                        "before parsing; split the request", request.identity, request.req_id, TOO_LARGE)
+
+
+MAX_MARKS_RECOUNTED = 2_000_000  # quotes and backslashes: the recount's cost grows with them (about 0.6 s here)
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, unrolled so that sre runs it fast
+
+
+def check_result_size(request, settings):
+    """ProtocolError (too_large) when the float32 result of `request` could pass --max-result-mb:
+    the server would have to hold it, and its client to read it, in one piece."""
+    rows_per_text = settings.truncate_at if settings.pooling.token_level else 1
+    size = len(request.texts) * rows_per_text * settings.embedding_dim * 4
+    if size > settings.max_result_mb << 20:
+        per_text = "texts at up to %d tokens each" % rows_per_text if rows_per_text > 1 else "texts"
+        raise ProtocolError(f"the result of {len(request.texts)} {per_text} could take {size / 2**20:.0f} MB, "
+                            f"above the server's limit of {settings.max_result_mb} MB (--max-result-mb); split "
+                            "the request", request.identity, request.req_id, TOO_LARGE)
+
+
+def model_choices(request, settings):
+    """The Job fields (prompt, normalize, truncate) for an EncodeRequest on a server with `settings`:
+    the request's options, else the server's defaults. ProtocolError for an unknown prompt name."""
+    options = request.options or {}
+    prompt = options.get("prompt")
+    if prompt is None and options.get("prompt_name") is not None:
+        prompt = settings.prompts.get(options["prompt_name"])
+        if prompt is None:
+            known = ", ".join(settings.prompts) or "none"
+            raise ProtocolError(f"prompt_name {options['prompt_name']!r} is not one of the model's prompts "
+                                f"(it has: {known})", request.identity, request.req_id)
+    if prompt and request.is_tokenized:
+        raise ProtocolError("a prompt applies to texts, not to word lists (is_tokenized)", request.identity,
+                            request.req_id)
+    if prompt is None and not request.is_tokenized:
+        prompt = settings.prompts.get(settings.default_prompt_name, "")
+    return {"prompt": prompt or "", "normalize": options.get("normalize", settings.normalize),
+            "truncate": options.get("truncate", True)}
+
+
+def _model_options(request):
+    model_options = {name: request.options.get(name) for name in ("prompt", "prompt_name", "normalize", "truncate")}
+    try:
+        return check_model_options(model_options)
+    except (TypeError, ValueError) as error:
+        raise ProtocolError(str(error), request.identity, request.req_id) from None
+
+
+def _timeout(request):
+    value = request.options.get("timeout_ms")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_TIMEOUT_MS:
+        raise ProtocolError(f"timeout_ms must be a number of milliseconds above 0 and at most {MAX_TIMEOUT_MS}, "
+                            f"got {str(value)[:32]}", request.identity, request.req_id)
+    return value / 1000
+
+
+def _streamed(request):
+    version = request.options.get("v")
+    return isinstance(version, int) and not isinstance(version, bool) and version >= STREAMED_SINCE
+
+
+def _flag(request, name, default):
+    value = request.options.get(name, default)
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{name} must be true or false, got {type(value).__name__}", request.identity,
+                            request.req_id)
+    return value
+
+
+def _with_tokens(request, allowed):
+    if "show_tokens" not in request.options:
+        return allowed  # bert-as-service's client: tokens come whenever the server allows them
+    if _flag(request, "show_tokens", False) and not allowed:
+        raise ProtocolError("show_tokens is disabled on this server (start it with --show-tokens-to-client)",
+                            request.identity, request.req_id)
+    return request.options["show_tokens"]

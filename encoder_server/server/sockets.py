@@ -1,0 +1,115 @@
+"""The server's sockets: bounded queues, CURVE, the addresses its processes bind and connect, and
+what a received frame says about its sender."""
+from dataclasses import dataclass
+
+import zmq
+
+from encoder_client.keys import apply_curve
+
+POLL_MS = 100
+# messages queued per socket peer; the dispatcher keeps far fewer jobs per worker than this
+INTERNAL_HWM = 10000
+
+
+@dataclass(frozen=True)
+class WorkerEndpoints:
+    """Where a worker takes jobs and sends results; `curve` is (server public, own public, own
+    secret) when those ports use CURVE (a server with --server-key and --worker-port)."""
+    jobs: str
+    results: str
+    curve: tuple = None
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """Public tcp endpoints plus the ipc endpoints inside the server (under `run_dir`), and with
+    `worker_port` two more tcp ports for workers on other hosts: jobs on it, results on the next."""
+    host: str
+    port: int
+    port_out: int
+    run_dir: str
+    worker_port: int = None
+
+    @property
+    def frontend(self):
+        return f"tcp://{self.host}:{self.port}"
+
+    @property
+    def publish(self):
+        return f"tcp://{self.host}:{self.port_out}"
+
+    @property
+    def backend(self):
+        return f"ipc://{self.run_dir}/backend"
+
+    @property
+    def sink(self):
+        return f"ipc://{self.run_dir}/sink"
+
+    @property
+    def control(self):
+        return f"ipc://{self.run_dir}/control"
+
+    @property
+    def feedback(self):
+        return f"ipc://{self.run_dir}/feedback"
+
+    @property
+    def jobs_binds(self):
+        return [self.backend, *self._remote(0)]
+
+    @property
+    def results_binds(self):
+        return [self.sink, *self._remote(1)]
+
+    def _remote(self, offset):
+        return [f"tcp://{self.host}:{self.worker_port + offset}"] if self.worker_port else []
+
+
+def local_address(host):
+    """How a process on this host reaches a server bound to `host`."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "*") else host
+
+
+def peer_address(frame):
+    """The address a received frame's sender connected from (None for ipc, or when unknown)."""
+    try:
+        return frame.get("Peer-Address")
+    except zmq.ZMQError:
+        return None
+
+
+def user_id(frame):
+    """The CURVE client key (its ZAP user id) a received frame came with; None without CURVE."""
+    try:
+        return frame.get("User-Id") or None
+    except zmq.ZMQError:
+        return None
+
+
+def remote_worker_endpoints(host, worker_port, curve=None):
+    return WorkerEndpoints(f"tcp://{host}:{worker_port}", f"tcp://{host}:{worker_port + 1}", curve)
+
+
+def make_socket(context, kind, bind=None, connect=None, identity=None, hwm=INTERNAL_HWM, curve=None, options=None,
+                curve_client=None):
+    """A socket whose queues are bounded by `hwm` messages per peer (unless `options` set one
+    direction's), bound to one endpoint or a list, or connected. `curve` is the server's (public,
+    secret) key pair when peers must use CURVE; `curve_client` is (server public, own public, own
+    secret) to connect to such a peer; `options` are more socket options."""
+    sock = context.socket(kind)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    for option, value in (options or {}).items():
+        sock.setsockopt(option, value)
+    if identity:
+        sock.setsockopt(zmq.ROUTING_ID, identity)
+    if curve:
+        sock.curve_publickey, sock.curve_secretkey = curve
+        sock.curve_server = True
+    apply_curve(sock, curve_client)
+    for endpoint in [bind] if isinstance(bind, str) else bind or []:
+        sock.bind(endpoint)
+    if connect:
+        sock.connect(connect)
+    return sock

@@ -1,0 +1,409 @@
+"""The ventilator: takes client requests, registers them with the sink, deals jobs to workers.
+
+Sockets: `frontend` (PULL, clients), `backend` (ROUTER, workers), `to_sink` (PUSH),
+`from_sink` (PULL: one DONE per finished job, GONE for requests nobody listens for, UNREAD for
+clients that do not read their results, BADPART for a worker's part the sink could not use),
+plus a pipe from the supervisor that reports worker exits. Its logic lives in pure modules:
+intake.py checks requests, scheduling.py queues and deals jobs, liveness.py says which workers
+are alive, and messages.py is what it says to the other processes. Requests past their deadline
+or abandoned by their client are cancelled.
+
+Request and job numbers start at random, so parts computed for an earlier run of the server (a
+remote worker that outlived it) can never be taken for this run's.
+"""
+import secrets
+import socket
+import time
+from collections import Counter, deque
+
+import zmq
+
+from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, PROTOCOL_VERSION, RESTARTED,
+                                     ProtocolError, decode_request, encode_data, encode_error)
+from encoder_client.status import Requests, ServerStatus, Texts
+from encoder_client.version import __version__
+
+from ..processes import start_child
+from ..security import curve_for, is_loopback, workers_use_curve
+from . import messages
+from .intake import check_result_size, model_choices, parse_encode
+from .liveness import HEARTBEAT_INTERVAL, Liveness
+from .metrics import Metrics
+from .ownership import Owners
+from .scheduling import Dispatcher
+from .sockets import POLL_MS, make_socket, peer_address, user_id
+
+
+class Ventilator:
+    def __init__(self, settings, addresses, log, supervisor=None):
+        self.settings = settings
+        self.log = log
+        self.supervisor = supervisor  # a multiprocessing Connection, or None
+        self.dispatcher = Dispatcher(settings.priority_batch_size, settings.max_batch_size,
+                                     settings.prefetch_size, first_job_id=_random_start())
+        self.liveness = Liveness(socket.gethostname())
+        self.next_seq = _random_start()
+        self.started = self.last_turn = time.monotonic()
+        self.counters = Counter()
+        self.metrics = Metrics()
+        self.draining = False
+        self.unsent = deque()  # messages for the sink that it could not take yet
+        self.owners = Owners()  # under CURVE, the client key each identity belongs to
+        context = zmq.Context.instance()
+        curve, self.authenticator = curve_for(context, settings)
+        self.frontend = make_socket(context, zmq.PULL, bind=addresses.frontend, curve=curve,
+                                    options={zmq.MAXMSGSIZE: settings.max_request_mb << 20})
+        # ROUTER_HANDOVER: a worker that connects again under its name replaces its old connection
+        self.backend = make_socket(context, zmq.ROUTER, bind=addresses.jobs_binds,
+                                   curve=workers_use_curve(settings) and curve,
+                                   options={zmq.ROUTER_MANDATORY: 1, zmq.ROUTER_HANDOVER: 1})
+        self.from_sink = make_socket(context, zmq.PULL, bind=addresses.feedback)
+        self.to_sink = make_socket(context, zmq.PUSH, connect=addresses.control)
+        self.send_to_sink(messages.Reset().frames())  # a predecessor's requests held there are lost
+
+    def run(self, stop):
+        poller = zmq.Poller()
+        for sock in (self.frontend, self.backend, self.from_sink):
+            poller.register(sock, zmq.POLLIN)
+        if self.supervisor is not None:
+            poller.register(self.supervisor.fileno(), zmq.POLLIN)
+        drain_deadline = None
+        while not (self.draining and self.dispatcher.in_flight_requests == 0):
+            if stop.is_set() and not self.draining:
+                self.start_draining()
+            if self.draining:
+                drain_deadline = drain_deadline or time.monotonic() + self.settings.drain_timeout
+                if time.monotonic() > drain_deadline:
+                    self.log.warning("gave up waiting for %d in-flight requests",
+                                     self.dispatcher.in_flight_requests)
+                    break
+            poller.register(self.frontend, 0 if len(self.unsent) >= UNSENT_LIMIT else zmq.POLLIN)
+            events = dict(poller.poll(POLL_MS))
+            if self.from_sink in events:  # first: a request is scheduled knowing which workers are free
+                self.on_feedback(self.from_sink.recv_multipart())
+            if self.frontend in events:
+                self.on_client(self.frontend.recv_multipart(copy=False))
+            if self.backend in events:
+                self.on_worker(self.backend.recv_multipart())
+            if self.supervisor is not None and self.supervisor.fileno() in events:
+                self.on_supervisor(poller, stop)
+            self.flush_to_sink()
+            self.keep_workers()
+            for seq in self.dispatcher.expired(time.monotonic()):
+                self.end_request(seq, "expired")
+            self.dispatch()
+
+    def close(self):
+        for sock in (self.frontend, self.backend, self.from_sink, self.to_sink):
+            sock.close(linger=1000)
+        if self.authenticator is not None:
+            self.authenticator.stop()
+
+    # ----- clients -----
+
+    def on_client(self, frames):
+        """Nothing a client sends ends this loop: a bad request gets an error reply when its identity
+        is readable, and is logged and dropped otherwise."""
+        peer = peer_address(frames[0])
+        raw = [frame.bytes for frame in frames]
+        try:
+            request = decode_request(raw)
+            if not self.owners.claim(request.identity, user_id(frames[0])):
+                raise ProtocolError(f"identity {request.identity[:64]!r} belongs to another client key; dropped")
+            self.on_request(request, peer)
+        except ProtocolError as error:
+            self.log.warning("bad request from %s: %s", peer or "?", error)
+            if error.identity is not None:
+                self.reply_error(error.identity, error.req_id, f"bad request: {error}", error.code)
+        except Exception:  # a case the checks missed: that request fails, the server goes on
+            self.log.exception("could not handle a request from %s", peer or "?")
+            request = decode_request(raw)
+            self.reply_error(request.identity, request.req_id, "bad request: the server could not handle it")
+
+    def on_request(self, request, peer):
+        if request.command:
+            self.on_command(request, peer)
+        elif self.draining:
+            self.reply_error(request.identity, request.req_id, "the server is shutting down", DRAINING)
+        else:
+            encode = parse_encode(request, self.settings.show_tokens_to_client, self.settings.max_pending_texts)
+            check_result_size(encode, self.settings)
+            self.admit(encode, model_choices(encode, self.settings))
+
+    def on_command(self, request, peer):
+        if request.command == b"SHOW_CONFIG":
+            self.publish(encode_data(request.identity, request.req_id, self.config()))
+        elif request.command == b"SHOW_STATUS":
+            self.publish(encode_data(request.identity, request.req_id, self.status()))
+        elif not (is_loopback(peer) or self.settings.authorized_clients):
+            self.log.warning("refused TERMINATION from non-loopback peer %s", peer)
+            self.reply_error(request.identity, request.req_id,
+                             "TERMINATION is accepted only from loopback or an authorized client key", FORBIDDEN)
+        else:
+            self.log.info("TERMINATION received from %s", peer)
+            self.publish(encode_data(request.identity, request.req_id, {"terminating": True}))
+            self.start_draining()
+
+    def admit(self, request, choices):
+        if self.dispatcher.is_in_flight(request.identity, request.req_id):
+            raise ProtocolError(f"req_id {request.req_id} is already in flight under this identity",
+                                request.identity, request.req_id)
+        pending, limit = self.dispatcher.pending_texts, self.settings.max_pending_texts
+        if pending + len(request.texts) > limit:
+            return self.refuse_busy(request, f"server busy: {pending} texts pending, the limit is {limit}; "
+                                             "retry later")
+        seq = self.next_seq
+        registration = messages.Registration(request.identity, request.req_id, len(request.texts),
+                                             request.with_tokens, request.streamed)
+        try:
+            if self.unsent:
+                raise zmq.Again()  # the sink is not taking messages now
+            self.to_sink.send_multipart(messages.Register(seq, registration).frames(), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return self.refuse_busy(request, "server busy: the result queue is full; retry later")
+        self.next_seq += 1
+        self.dispatcher.submit(seq, request.identity, request.texts, time.monotonic(), request.timeout_s,
+                               req_id=request.req_id, is_tokenized=request.is_tokenized,
+                               with_tokens=request.with_tokens, **choices)
+        self.log.debug("request %d: %d texts from %r", seq, len(request.texts), request.identity)
+
+    def refuse_busy(self, request, message):
+        self.counters["requests_busy"] += 1
+        self.reply_error(request.identity, request.req_id, message, BUSY)
+
+    def end_request(self, seq, outcome, error=None, code=None):
+        """Stop a request early (expired, abandoned or failed): drop its queued jobs, and have the
+        sink forget it and, with `error`, tell its client why."""
+        skipped = self.dispatcher.cancel(seq)
+        if skipped is None:
+            return
+        self.counters[f"requests_{outcome}"] += 1
+        self.counters[f"texts_{outcome}"] += skipped
+        self.log.info("request %d %s: %d texts never computed", seq, outcome, skipped)
+        self.send_to_sink(messages.Forget(seq, error or "", code or "").frames())
+
+    # ----- workers -----
+
+    def on_worker(self, frames):
+        """A message on the worker port. One that is no message of ours, or that the ventilator
+        cannot handle, is logged and dropped, and its sender is no longer a worker of ours."""
+        worker, now = frames[0], time.monotonic()
+        if self.liveness.kept_out(worker, now):
+            return
+        name = worker.decode(errors="replace")
+        message = messages.decode_or_log(frames[1:], self.log, name)
+        try:
+            if message is None:
+                self.lose(self.liveness.misbehaved(worker, now))
+            elif isinstance(message, messages.Ready):
+                self.on_ready(worker, message, now)
+            elif self.liveness.heard(worker, now):
+                self.on_worker_report(message)
+            else:  # a worker of a ventilator before this one, or one given up for dead: it may join again
+                self.ask_who(worker)
+        except Exception:
+            self.log.exception("could not handle a %s message from %s", type(message).__name__, name)
+            self.lose(self.liveness.misbehaved(worker, now))
+
+    def ask_who(self, worker):
+        try:
+            self.backend.send_multipart([worker, *messages.Who().frames()], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # gone already (EHOSTUNREACH), or it has connected anew: it says READY by itself
+
+    def on_ready(self, worker, message, now):
+        self.lose(self.liveness.ready(worker, message, now))
+        self.dispatcher.add_worker(worker, message.lone_lane)
+        self.log.info("%s ready (%d of %d)", worker.decode(errors="replace"), len(self.liveness),
+                      self.settings.num_worker)
+
+    def on_worker_report(self, message):
+        if isinstance(message, messages.Heartbeat):
+            self.metrics.add(message.metrics)
+        elif isinstance(message, messages.Dropped):
+            job = self.dispatcher.job_dropped(message.number)
+            if job is not None:
+                self.counters["texts_expired"] += len(job.texts)
+                self.end_request(job.seq, "expired")
+        elif isinstance(message, messages.Refused):
+            job = self.dispatcher.job_dropped(message.job_id)
+            if job is not None:
+                self.counters["texts_refused"] += len(job.texts)
+                self.end_request(job.seq, "refused", message.error, message.code)
+        else:
+            raise messages.MessageError(f"a worker does not send {type(message).__name__}")
+
+    def keep_workers(self):
+        """Drop the workers that fell silent, and send the others their heartbeat when it is due."""
+        now = time.monotonic()
+        stalled = now - self.last_turn - POLL_MS / 1000  # beyond the longest poll: this loop was busy
+        if stalled > HEARTBEAT_INTERVAL:
+            self.log.warning("this loop stalled for %.1fs; workers' silence over that time does not count", stalled)
+            self.liveness.stalled(stalled)
+        self.last_turn = now
+        self.lose(self.liveness.silent(now))
+        for worker in self.liveness.beat_due(now):
+            try:
+                self.backend.send_multipart([worker, *messages.Heartbeat().frames()], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                self.lose(self.liveness.unreachable(worker))
+
+    def on_supervisor(self, poller, stop):
+        try:
+            message = self.supervisor.recv()
+        except EOFError:
+            self.log.error("the supervisor is gone; stopping")
+            poller.unregister(self.supervisor.fileno())
+            self.supervisor = None
+            stop.set()
+            return
+        if isinstance(message, messages.SinkRestarted):
+            self.fail_in_flight()
+        else:  # messages.WorkerExited: the supervisor restarts the worker
+            self.lose(self.liveness.exited(message.pid, message.exitcode))
+
+    def fail_in_flight(self):
+        """The sink died with every request in flight: tell each client to resend its request."""
+        lost = self.dispatcher.requests_in_flight()
+        self.log.warning("the sink restarted: %d requests in flight fail; their clients may resend them", len(lost))
+        for request in lost:
+            self.end_request(request.seq, "failed")
+            self.reply_error(request.client, request.req_id, messages.RESTART_ERROR, RESTARTED)
+        self.dispatcher.release_assigned()
+
+    def lose(self, losses):
+        """Drop lost workers; their jobs go to others, and a job on its second dead worker fails its request."""
+        for loss in losses:
+            requeued, poisoned = self.dispatcher.remove_worker(loss.worker, loss.crashed)
+            self.counters["jobs_redispatched"] += len(requeued)
+            self.log.warning("%s %s; %d of its unfinished jobs go to other workers",
+                             loss.worker.decode(errors="replace"), loss.why, len(requeued))
+            if loss.kill and loss.pid is not None and self.supervisor is not None:
+                self.supervisor.send(messages.WorkerSilent(loss.pid))
+            for job in poisoned:
+                last = job.offset + len(job.texts) - 1
+                self.end_request(job.seq, "failed", f"texts {job.offset} to {last} of this request made a worker "
+                                                    "crash twice, so the request was dropped; check those inputs")
+
+    def on_feedback(self, frames):
+        message = messages.decode_or_log(frames, self.log, "the sink")
+        if isinstance(message, messages.Gone):
+            self.end_request(message.number, "abandoned")
+        elif isinstance(message, messages.Done):
+            self.finish_job(message.number)
+        elif isinstance(message, messages.Unread):
+            self.abandon_unread(message)
+        elif isinstance(message, messages.BadPart):
+            self.on_bad_part(message)
+
+    def abandon_unread(self, message):
+        """The sink dropped replies for a client that left too much unread: drop its queued work too."""
+        self.counters["replies_dropped"] += message.replies
+        for seq in self.dispatcher.requests_of(message.identity):
+            self.end_request(seq, "abandoned", UNREAD_ERROR, BUSY)
+
+    def on_bad_part(self, message):
+        """A part the sink could not use: its job goes to another worker, and its sender is given up
+        (and kept out for a while). A part from the network that names a local worker's job is
+        forged: a local worker sends over ipc."""
+        worker = self.dispatcher.worker_of(message.job_id)
+        if worker is None:
+            return
+        if message.remote and self.liveness.is_local(worker):
+            self.log.warning("a part from the network named job %d of local %s; ignored", message.job_id,
+                             worker.decode(errors="replace"))
+            return
+        self.lose(self.liveness.misbehaved(worker, time.monotonic(), "sent a part the sink could not use"))
+
+    def finish_job(self, job_id):
+        request = self.dispatcher.job_done(job_id)
+        if request is not None:
+            self.counters["requests_served"] += 1
+            self.metrics.observe("request_seconds", time.monotonic() - request.admitted)
+
+    def dispatch(self):
+        for worker, job in self.dispatcher.assignments(time.monotonic()):
+            try:
+                self.backend.send_multipart([worker, *job.frames()], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:  # gone (EHOSTUNREACH) or full: either way, not a worker to count on
+                self.lose(self.liveness.unreachable(worker))
+
+    # ----- replies -----
+
+    def start_draining(self):
+        if not self.draining:
+            self.draining = True
+            self.log.info("draining: %d requests in flight", self.dispatcher.in_flight_requests)
+
+    def send_to_sink(self, frames):
+        """Send now, or keep it, in order, while the sink is not taking any: a restarting sink, or
+        one that fell behind, must not cost a client its only reply. Past UNSENT_LIMIT kept
+        messages, the loop stops reading requests until the sink catches up."""
+        self.unsent.append(frames)
+        self.flush_to_sink()
+
+    def flush_to_sink(self):
+        try:
+            while self.unsent:
+                self.to_sink.send_multipart(self.unsent[0], flags=zmq.NOBLOCK)
+                self.unsent.popleft()
+        except zmq.Again:
+            pass
+
+    def publish(self, frames):
+        self.send_to_sink(messages.Publish(frames).frames())
+
+    def reply_error(self, identity, req_id, message, code=None):
+        self.publish(encode_error(identity, req_id, message, code))
+
+    def config(self):
+        return {**self.settings.public_config(), "server_version": __version__,
+                "protocol_version": PROTOCOL_VERSION}
+
+    def status(self):
+        workers = self.dispatcher.workers
+        return ServerStatus(
+            ready=self.liveness.local >= self.settings.num_worker and not self.draining,
+            workers_alive=len(workers),
+            workers_expected=self.settings.num_worker,
+            workers_remote=len(workers) - self.liveness.local,
+            workers_busy=sum(1 for texts in workers.values() if texts),
+            worker_busy_texts=workers,
+            worker_texts_encoded=self.dispatcher.worker_texts_encoded,
+            worker_restarts=self.liveness.restarts,
+            jobs_redispatched=self.counters["jobs_redispatched"],
+            queue_depth={**self.dispatcher.queue_depths(), "pending_texts": self.dispatcher.pending_texts,
+                         "max_pending_texts": self.settings.max_pending_texts},
+            in_flight_requests=self.dispatcher.in_flight_requests,
+            requests_served=self.counters["requests_served"],
+            requests={outcome: self.counters[f"requests_{outcome}"] for outcome in Requests.__annotations__},
+            texts={"encoded": self.dispatcher.texts_encoded,
+                   **{outcome: self.counters[f"texts_{outcome}"] for outcome in Texts.__annotations__
+                      if outcome != "encoded"}},
+            replies_dropped=self.counters["replies_dropped"],
+            draining=self.draining,
+            uptime_s=round(time.monotonic() - self.started, 3),
+            server_version=__version__,
+            metrics=self.metrics.snapshot(),
+        )
+
+
+UNSENT_LIMIT = 10_000  # messages kept for the sink; past it, clients wait (their send times out) instead
+UNREAD_ERROR = ("abandoned: this client identity left too many results unread (--max-unread-mb), so its "
+                "queued requests were dropped; read results as they arrive")
+
+
+def _random_start():
+    return secrets.randbelow(2 ** 40) + 1
+
+
+
+
+def run_ventilator(settings, addresses, supervisor=None):
+    log, stop = start_child("ventilator", settings.verbose)
+    ventilator = Ventilator(settings, addresses, log, supervisor)
+    try:
+        ventilator.run(stop)
+    finally:
+        ventilator.close()
+    log.info("stopped")

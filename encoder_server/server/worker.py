@@ -1,0 +1,224 @@
+"""A worker: it receives jobs, tokenizes them ahead of the model, and runs them in two lanes.
+
+Threads: `intake` alone uses the `jobs` socket (DEALER to the ventilator): it receives jobs,
+stamps their arrival, sends heartbeats and reports the jobs it dropped or refused; it never tokenizes or
+computes, so neither delays a heartbeat nor skews an arrival time. `prefetch` tokenizes received
+jobs (the Embedder's first stage), drops those whose budget ran out before it reached them and
+refuses those with a text too long for a request that forbids truncation.
+The priority lane runs small requests and the bulk lane split ones, each on its own thread with
+its own `results` PUSH to the sink, so a small request never waits for a bulk pass to finish.
+Their logic is in batching.py; the model is an Embedder (encoder_server.model).
+
+A heartbeat carries the metrics recorded since the last one. The worker falls silent, and so is
+replaced, when a stage has been stuck on one step for STALL_LIMIT. When it has not heard the
+ventilator for HEARTBEAT_LIVENESS intervals (a server restart, a broken network), it connects
+again and says READY anew, as in the ZeroMQ Guide's Paranoid Pirate.
+"""
+import os
+import queue
+import socket
+import threading
+import time
+
+import zmq
+
+from encoder_client.protocol import BAD_REQUEST
+
+from ..model.cpus import lone_lane_threads
+from ..model.embedder import Embedder
+from ..processes import start_child
+from . import fault_injection, messages
+from .batching import BULK, PRIORITY, BatchPlanner, Tokenized
+from .liveness import HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS
+from .metrics import Metrics
+from .sockets import POLL_MS, make_socket
+
+STALL_LIMIT = 120.0
+WARMUP_TEXTS = ["warm up the model", "a second, somewhat longer sentence to warm up the model"]
+
+
+class Worker:
+    def __init__(self, settings, endpoints, name, log, stop, remote=False, lone_threads=0):
+        self.name = name
+        self.log = log
+        self.stop = stop
+        self.endpoints = endpoints
+        self.remote = remote
+        self.metrics = Metrics()
+        self.embedder = Embedder(settings, lone_threads)
+        self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.embedder.tokenizer.pad_id)
+        self.batch_wait_s = settings.batch_wait_ms / 1000
+        self.received = queue.SimpleQueue()  # (job, monotonic arrival), from intake to prefetch
+        self.outbox = queue.SimpleQueue()    # Dropped, Refused and Ready messages, for intake to send
+        self.buffered = threading.Condition()
+        self.failed = False
+        self.busy_since = {}  # stage (prefetch or a lane) -> monotonic start of the step it is on
+        self.embedder.warm_up(WARMUP_TEXTS)
+
+    # ----- intake: the jobs socket -----
+
+    def intake(self):
+        jobs = self.connect_jobs()
+        heard = next_beat = time.monotonic()
+        try:
+            while not self.stop.is_set():
+                if jobs.poll(POLL_MS):
+                    frames = jobs.recv_multipart()
+                    heard = time.monotonic()
+                    self.on_message(frames, heard)
+                self.send_outbox(jobs)
+                if time.monotonic() >= next_beat and not self.stalled():
+                    jobs.send_multipart(messages.Heartbeat(self.metrics.take()).frames())
+                    next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+                if time.monotonic() - heard > HEARTBEAT_INTERVAL * HEARTBEAT_LIVENESS and not self.stalled():
+                    self.log.warning("no heartbeat from the ventilator in %.0fs; connecting again",
+                                     time.monotonic() - heard)
+                    jobs.close(linger=0)
+                    jobs, heard = self.connect_jobs(), time.monotonic()
+        except Exception:
+            self.fail("intake")
+        finally:
+            jobs.close(linger=0)
+
+    def connect_jobs(self):
+        jobs = make_socket(zmq.Context.instance(), zmq.DEALER, connect=self.endpoints.jobs,
+                           identity=self.name.encode(), curve_client=self.endpoints.curve)
+        jobs.send_multipart(self.ready().frames())
+        return jobs
+
+    def ready(self):
+        return messages.Ready(os.getpid(), socket.gethostname(), self.remote, self.embedder.lone_backend is not None)
+
+    def on_message(self, frames, arrived):
+        message = messages.decode_or_log(frames, self.log, "the ventilator")
+        if isinstance(message, messages.Job):
+            self.received.put((message, arrived))
+        elif isinstance(message, messages.Who):
+            self.log.info("the ventilator does not know this worker (it restarted); saying READY again")
+            self.outbox.put(self.ready())
+
+    def send_outbox(self, jobs):
+        while not self.outbox.empty():
+            jobs.send_multipart(self.outbox.get().frames())
+
+    def stalled(self):
+        now = time.monotonic()
+        return any(now - started > STALL_LIMIT for started in list(self.busy_since.values()))
+
+    # ----- prefetch: tokenize ahead of the model -----
+
+    def prefetch(self):
+        try:
+            while not self.stop.is_set():
+                try:
+                    job, arrived = self.received.get(timeout=POLL_MS / 1000)
+                except queue.Empty:
+                    continue
+                self.busy_since["prefetch"] = time.monotonic()
+                self.take(job, arrived)
+                del self.busy_since["prefetch"]
+        except Exception:
+            self.fail("prefetch")
+
+    def take(self, job, arrived):
+        if job.spent(arrived, time.monotonic()):
+            self.outbox.put(messages.Dropped(job.job_id))
+            return
+        fault_injection.inject(job.texts)
+        try:
+            encoding = self.embedder.tokenize(job.texts, job.is_tokenized, job.with_tokens, job.prompt)
+        except Exception as error:  # the intake's checks should make this impossible; never die of it
+            self.log.exception("could not tokenize job %d", job.job_id)
+            self.outbox.put(messages.Refused(job.job_id, f"texts {job.offset} to {job.offset + len(job.texts) - 1} "
+                                                         f"could not be tokenized: {error}", BAD_REQUEST))
+            return
+        if encoding.truncated and not job.truncate:
+            index = min(encoding.truncated)
+            self.outbox.put(messages.Refused(job.job_id, f"texts[{job.offset + index}] has more than "
+                                                         f"{self.embedder.tokenizer.truncate_at} tokens, the "
+                                                         "server's limit (max_seq_len); shorten it, or allow "
+                                                         "truncation"))
+            return
+        self.metrics.count_truncated(len(encoding.truncated))
+        with self.buffered:
+            self.planner.add(Tokenized(job, encoding, arrived))
+            self.buffered.notify_all()
+
+    # ----- lanes: the model -----
+
+    def compute(self, lane):
+        results = make_socket(zmq.Context.instance(), zmq.PUSH, connect=self.endpoints.results,
+                              curve_client=self.endpoints.curve)
+        try:
+            while not self.stop.is_set():
+                batch = self._next_pass(lane)
+                if batch is not None:
+                    for done in batch.scatter(self.run_pass(lane, batch)):
+                        part = messages.Part(done.job.seq, done.job.job_id, done.job.offset,
+                                             self.embedder.finish(done.result(), done.job.normalize),
+                                             done.encoding.tokens, done.encoding.num_tokens, len(done.encoding.truncated))
+                        results.send_multipart(part.frames(), copy=False)
+        except Exception:
+            self.fail(f"{lane} lane")
+        finally:
+            results.close(linger=1000)
+
+    def run_pass(self, lane, batch):
+        for wait in batch.start(time.monotonic()):
+            self.metrics.observe("queue_seconds", wait)
+        started = self.busy_since[lane] = time.monotonic()
+        pooled = self.embedder.run(batch.inputs, alone=batch.alone)
+        del self.busy_since[lane]
+        self.metrics.record_pass(len(batch.rows), batch.inputs.real_tokens, batch.inputs.padded_tokens,
+                                 time.monotonic() - started)
+        return pooled
+
+    def _next_pass(self, lane):
+        with self.buffered:
+            ready = lambda: self.planner.ready(lane, self.batch_wait_s) or self.stop.is_set()  # noqa: E731
+            # with a batch wait, wake up in time to run rows whose wait is over
+            timeout = min(POLL_MS / 1000, self.batch_wait_s or POLL_MS / 1000)
+            if not self.buffered.wait_for(ready, timeout=timeout) or self.stop.is_set():
+                return None
+            return self.planner.next_pass(lane)
+
+    def fail(self, stage):
+        self.log.exception("%s failed; stopping this worker", stage)
+        self.failed = True
+        self.stop.set()
+
+
+def run_worker(settings, endpoints, index, remote=False, started=None):
+    """`started`: a pipe end on which to say None once the model is loaded, or why it could not be."""
+    name = f"{socket.gethostname()}/worker-{index}" if remote else f"worker-{index}"
+    log, stop = start_child(name, settings.verbose)
+    try:
+        lone_threads = lone_lane_threads() if index == 0 and not remote else 0  # one lone lane per host is enough
+        worker = Worker(settings, endpoints, f"{name}:{os.getpid()}", log, stop, remote, lone_threads)
+    except Exception as error:
+        _report_start(started, " ".join(f"{type(error).__name__}: {error}".split()))
+        raise
+    _report_start(started, None)
+    threads = [threading.Thread(target=worker.intake, name="intake", daemon=True),
+               threading.Thread(target=worker.prefetch, name="prefetch", daemon=True),
+               threading.Thread(target=worker.compute, args=(PRIORITY,), name="priority", daemon=True)]
+    for thread in threads:
+        thread.start()
+    log.info("serving on %s with %s, %d thread(s) per lane", settings.device, settings.backend,
+             settings.threads_per_worker)
+    try:
+        worker.compute(BULK)
+    finally:
+        stop.set()
+        for thread in reversed(threads):
+            thread.join(timeout=10)
+    if worker.failed:
+        raise SystemExit(1)
+    log.info("stopped")
+
+
+def _report_start(started, error):
+    """Tell the WorkerPool that this worker serves (None) or why it cannot start (one line)."""
+    if started is not None:
+        started.send(error)
+        started.close()

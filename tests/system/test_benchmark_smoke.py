@@ -1,0 +1,34 @@
+"""The benchmark machinery end to end at toy sizes: it must produce its JSON, plots and table."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_benchmark_smoke_run_writes_json_plots_and_table(tiny_model, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "benchmark.run", "--smoke", "--model", str(tiny_model),
+                             "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    engines = {row["engine"] for row in results["client_batches"]}
+    assert {"service (onnx fp32, defaults)", "onnx backend in-process"} <= engines
+    assert all(row["sentences_per_s"] > 0 for row in results["client_batches"] + results["concurrency"])
+    assert results["fairness"]["idle"]["requests"] > 0 and results["tiny_clients"]["ratio"] > 0
+    latency = results["latency"]
+    assert {"onnx backend in-process, 1 thread(s)", "service (onnx fp32, defaults)"} <= \
+        {row["engine"] for row in latency["rows"]}
+    assert all(row["requests"] > 0 and row["p50_ms"] > 0 for row in latency["rows"])
+    memory = results["memory"]
+    assert [row["workers"] for row in memory["rows"]] == [1, 2, 3]
+    assert all(0 < row["peak_pss_mb"] <= row["peak_rss_mb"] for row in memory["rows"])
+    assert memory["rows"][2]["peak_rss_mb"] > memory["rows"][0]["peak_rss_mb"]  # workers cost something
+    graphs = {row["variant"]: row for row in results["graphs"]}
+    assert graphs["fp32 (served)"]["min_cosine"] > 0.99999 and len(graphs) >= 5
+    for plot in ("concurrency.png", "client_batches.png"):
+        assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (tmp_path / "RESULTS.md").read_text()
+    assert "## Targets" in table and "## Concurrent closed-loop clients" in table and "## ONNX graphs" in table
+    assert "## One text per request" in table and "## Memory of the whole server" in table
+    assert not list(tmp_path.glob("bench-*.log"))

@@ -1,0 +1,84 @@
+"""The `encoder-server` commands as a user runs them: start-up errors in one clear line, status,
+keygen."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import zmq
+
+from conftest import free_port
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _start(*flags):
+    return subprocess.run([sys.executable, "-m", "encoder_server.cli", "start", *flags],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "/nonexistent/model"], "no such folder"),
+    (["--model", "/tmp"], "no config.json"),
+    (["--model", "no-such-org/no-such-model"], "not in the Hugging Face cache"),
+    (["--max-seq-len", "100000"], "above the model's limit"),
+    (["--pooling-layer", "9"], "--pooling-layer 9"),
+    (["--pooling-strategy", "cls", "--mask-cls-sep"], "--mask-cls-sep"),
+    (["--fp16"], "--fp16 needs --device cuda"),
+    (["--authorized-clients", "/tmp"], "--authorized-clients needs --server-key"),
+    (["--server-key", "/nonexistent/server.key_secret"], "--server-key /nonexistent/server.key_secret"),
+    (["--max-pending-texts", "0"], "--max-pending-texts must be at least 1"),
+    (["--host", "0.0.0.0", "--worker-port", "5999"], "--worker-port on 0.0.0.0 would let anyone who reaches it read"),
+])
+def test_start_up_errors_are_one_clear_line(tiny_model, flags, message):
+    if "--model" not in flags:
+        flags = ["--model", str(tiny_model), *flags]
+    finished = _start(*flags, "--port", str(free_port()), "--port-out", str(free_port()))
+    assert finished.returncode == 2
+    assert message in finished.stderr and "Traceback" not in finished.stderr
+    assert len(finished.stderr.strip().splitlines()) == 1
+
+
+def test_port_in_use_is_a_clear_error(tiny_model):
+    with zmq.Context.instance().socket(zmq.PULL) as taken:
+        port = taken.bind_to_random_port("tcp://127.0.0.1")
+        finished = _start("--model", str(tiny_model), "--port", str(port), "--port-out", str(free_port()))
+    assert finished.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in finished.stderr and "Traceback" not in finished.stderr
+
+
+def test_bad_flag_is_rejected_without_traceback():
+    finished = _start("--num-worker", "many")
+    assert finished.returncode == 2 and "invalid int value" in finished.stderr
+    assert "Traceback" not in finished.stderr
+
+
+def test_status_command_reports_ready(tiny_server):
+    finished = subprocess.run([sys.executable, "-m", "encoder_server.cli", "status", "--port", str(tiny_server.port),
+                               "--port-out", str(tiny_server.port_out)], capture_output=True, text=True, timeout=60)
+    assert finished.returncode == 0, finished.stderr
+    assert json.loads(finished.stdout)["workers_alive"] == 2
+
+
+def test_status_command_fails_when_no_server():
+    finished = subprocess.run([sys.executable, "-m", "encoder_server.cli", "status", "--port", str(free_port()),
+                               "--port-out", str(free_port()), "--timeout", "1"],
+                              capture_output=True, text=True, timeout=60)
+    assert finished.returncode == 1 and "no answer" in finished.stderr
+
+
+def test_keygen_keeps_an_existing_pair(tmp_path):
+    """docker/compose.yaml runs keygen at every start: the keys its peers hold must survive it."""
+    def keygen():
+        return subprocess.run([sys.executable, "-m", "encoder_server.cli", "keygen", str(tmp_path)],
+                               capture_output=True, text=True, timeout=60)
+
+    first = keygen()
+    secret = (tmp_path / "server.key_secret").read_bytes()
+    second = keygen()
+    assert first.returncode == second.returncode == 0 and "kept" in second.stdout and "kept" not in first.stdout
+    assert (tmp_path / "server.key_secret").read_bytes() == secret
+    (tmp_path / "server.key_secret").write_text("damaged")
+    damaged = keygen()
+    assert damaged.returncode == 2 and "error" in damaged.stderr and "Traceback" not in damaged.stderr

@@ -1,0 +1,187 @@
+"""Random and mutated frames at the public request port and at an open worker port, and random
+HTTP bodies, for a bounded time: no process dies, no worker restarts, and a correct request
+still gets the right answer."""
+import json
+import time
+
+import numpy as np
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from conftest import random_texts, running_server
+
+pytestmark = pytest.mark.timeout(300)
+
+
+FUZZ_SECONDS = 20  # hypothesis stops at max_examples or here, whichever comes first
+
+
+VALID = [b"fuzzer", json.dumps(["the cat", "a dog ran"]).encode(), b"7", b"2",
+         json.dumps({"v": 1, "is_tokenized": False, "timeout_ms": 5000}).encode()]
+
+
+random_frames = st.lists(st.binary(max_size=300), min_size=1, max_size=7)
+
+
+@st.composite
+def mutated_requests(draw):
+    frames = [bytearray(frame) for frame in VALID[:draw(st.integers(1, len(VALID)))]]
+    for _ in range(draw(st.integers(1, 6))):
+        frame = frames[draw(st.integers(0, len(frames) - 1))]
+        position = draw(st.integers(0, max(0, len(frame) - 1)))
+        action = draw(st.sampled_from(["flip", "cut", "insert"]))
+        if action == "flip" and frame:
+            frame[position] ^= draw(st.integers(1, 255))
+        elif action == "cut":
+            del frame[position:]
+        else:
+            frame[position:position] = draw(st.binary(min_size=1, max_size=20))
+    return [bytes(frame) for frame in frames]
+
+
+def test_fuzzed_frames_kill_nothing_and_correct_requests_still_succeed(tiny_model, tmp_path):
+    with running_server(tiny_model, "--num-worker", "2", tmp_path=tmp_path) as server:
+        texts = random_texts(30, seed=11)
+        with server.client() as client:
+            expected = client.encode(texts)
+        pusher = zmq.Context.instance().socket(zmq.PUSH)
+        pusher.setsockopt(zmq.LINGER, 0)
+        pusher.setsockopt(zmq.SNDTIMEO, 1000)
+        pusher.connect(f"tcp://127.0.0.1:{server.port}")
+        stop_at = time.monotonic() + FUZZ_SECONDS
+
+        @settings(max_examples=4000, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(st.one_of(random_frames, mutated_requests()))
+        def send(frames):
+            if time.monotonic() < stop_at:
+                pusher.send_multipart(frames)
+
+        send()
+        pusher.close()
+        assert server.process.poll() is None
+        with server.client() as client:
+            status = client.server_status
+            assert status["ready"] and status["worker_restarts"] == 0
+            np.testing.assert_allclose(client.encode(texts), expected, rtol=1e-5, atol=1e-6)
+
+
+OPTIONS = ("v", "is_tokenized", "show_tokens", "timeout_ms", "prompt", "prompt_name", "normalize", "truncate")
+
+
+WRONG = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10 ** 30), max_value=10 ** 30),
+                  st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
+                  st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+TEXT = st.text(alphabet=st.characters(codec=None, blacklist_categories=()), min_size=0, max_size=50)
+
+
+@st.composite
+def hostile_requests(draw):
+    """Requests with odd unicode (lone surrogates included), options of every wrong type, huge
+    numbers, deep nesting and large payloads, under the fuzzer's identity."""
+    kind = draw(st.sampled_from(["texts", "options", "nesting", "number", "large"]))
+    texts = draw(st.lists(TEXT, min_size=1, max_size=4))
+    payload = json.dumps(texts).encode()
+    options = {"v": 1}
+    if kind == "options":
+        options[draw(st.sampled_from(OPTIONS))] = draw(WRONG)
+    elif kind == "nesting":
+        depth = draw(st.integers(900, 200_000))
+        payload = b"[" * depth + b"]" * depth
+    elif kind == "number":
+        options["timeout_ms"] = int("9" * draw(st.integers(300, 4000)))
+    elif kind == "large":
+        payload = json.dumps(["word " * 200_000] * draw(st.integers(1, 4))).encode()
+        texts = [None] * len(json.loads(payload))
+    req_id = draw(st.sampled_from([b"1", b"-1", b"99999999999999999999999", b"x"]))
+    return [b"fuzzer", payload, req_id, b"%d" % len(texts), json.dumps(options).encode()]
+
+
+@st.composite
+def worker_port_messages(draw):
+    kind = draw(st.sampled_from([b"READY", b"HEARTBEAT", b"DROPPED", b"REFUSED", b"PART", b"JOB", b"WHO",
+                                 b"PUBLISH", b"REGISTER", b"FORGET", b"RESET", b"DONE"]))
+    header = draw(st.one_of(st.binary(max_size=64),
+                            st.dictionaries(st.sampled_from(["seq", "job_id", "offset", "shape", "pid", "host",
+                                                             "error", "code", "histograms", "tokens", "passes",
+                                                             "truncated", "num_tokens", "remote"]),
+                                            WRONG, max_size=6).map(lambda value: json.dumps(value).encode())))
+    return [kind, header, *draw(st.lists(st.binary(max_size=64), max_size=2))]
+
+
+def test_hostile_requests_and_worker_port_messages_kill_nothing(tiny_model, tmp_path):
+    from conftest import free_port
+
+    jobs_port = free_port(consecutive=2)
+    with running_server(tiny_model, "--num-worker", "1", "--worker-port", str(jobs_port), tmp_path=tmp_path) as server:
+        texts = random_texts(30, seed=12)
+        with server.client() as client:
+            expected = client.encode(texts)
+        context = zmq.Context()
+        try:
+            pusher = context.socket(zmq.PUSH)
+            pusher.connect(f"tcp://127.0.0.1:{server.port}")
+            rogue = context.socket(zmq.DEALER)
+            rogue.setsockopt(zmq.ROUTING_ID, b"fuzz/worker-0:1")
+            rogue.connect(f"tcp://127.0.0.1:{jobs_port}")
+            results = context.socket(zmq.PUSH)
+            results.connect(f"tcp://127.0.0.1:{jobs_port + 1}")
+            for sock in (pusher, rogue, results):
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDTIMEO, 1000)
+            stop_at = time.monotonic() + FUZZ_SECONDS
+
+            @settings(max_examples=2000, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+            @given(hostile_requests(), worker_port_messages(), st.booleans())
+            def send(request, message, to_results):
+                if time.monotonic() < stop_at:
+                    pusher.send_multipart(request)
+                    (results if to_results else rogue).send_multipart(message)
+
+            send()
+        finally:
+            context.destroy(linger=0)
+        assert server.process.poll() is None
+        with server.client() as client:
+            np.testing.assert_allclose(client.encode(texts), expected, rtol=1e-5, atol=1e-6)
+            status = client.server_status
+            assert status["ready"] and status["worker_restarts"] == 0
+    assert "exited unexpectedly" not in server.log
+
+
+def test_hostile_http_bodies_get_4xx_never_5xx(tiny_model, tmp_path):
+    import httpx
+
+    from conftest import free_port, wait_for
+    from http_helpers import status_code
+
+    http_port = free_port()
+    with running_server(tiny_model, "--num-worker", "1", "--http-port", str(http_port), tmp_path=tmp_path) as server:
+        url = f"http://127.0.0.1:{http_port}"
+        wait_for(lambda: status_code(url + "/ready") == 200, timeout=60)
+        model = httpx.get(url + "/v1/models", timeout=5).json()["data"][0]["id"]
+        stop_at = time.monotonic() + FUZZ_SECONDS
+        bodies = st.one_of(
+            st.builds(lambda texts, extra: {"id": 1, "texts": texts, **extra}, st.lists(TEXT, max_size=3),
+                      st.dictionaries(st.sampled_from(OPTIONS + ("id", "is_tokenized")), WRONG, max_size=3)),
+            st.builds(lambda texts, extra: {"model": model, "input": texts, **extra}, st.lists(TEXT, max_size=3),
+                      st.dictionaries(st.sampled_from(("encoding_format", "dimensions", "user", "prompt",
+                                                       "normalize", "model")), WRONG, max_size=3)))
+        seen = []
+
+        @settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(bodies)
+        def post(body):
+            if time.monotonic() < stop_at:
+                path = "/encode" if "texts" in body else "/v1/embeddings"
+                content = json.dumps(body, allow_nan=True)  # surrogates go out escaped, as JSON allows
+                response = httpx.post(url + path, content=content, headers={"Content-Type": "application/json"},
+                                      timeout=30)
+                seen.append(response.status_code)
+                assert response.status_code < 500, (path, content[:300], response.text[:300])
+
+        post()
+        assert seen and server.process.poll() is None

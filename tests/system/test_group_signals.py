@@ -1,0 +1,76 @@
+"""Signals to the server's process group and to the supervisor: a graceful stop finishes what is in
+flight, kill -9 leaves no orphan, and a restart on the same ports succeeds at once."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import free_port, group_alive, random_texts, running_server, wait_for
+from encoder_server.server.supervisor import RUN_DIR_PREFIX
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_sigterm_to_the_whole_group_drains_in_flight_requests(tiny_model, tmp_path):
+    """systemd's KillMode, `kill -- -PGID`: children ignore the group's SIGTERM and the supervisor
+    drains; the client's request in flight completes."""
+    texts = random_texts(3000, seed=5, min_words=20, max_words=40)
+    with running_server(tiny_model, "--num-worker", "1", tmp_path=tmp_path) as server:
+        with server.client() as client:
+            client.encode(texts, blocking=False)
+            time.sleep(0.3)
+            os.killpg(server.process.pid, signal.SIGTERM)
+            result = client.fetch_all(concat=True)
+        assert server.process.wait(30) == 0
+    assert result.shape == (3000, 32)
+
+
+def test_kill_9_of_the_supervisor_takes_its_children_and_a_restart_succeeds_at_once(tiny_model, tmp_path):
+    ports = (free_port(), free_port())
+    with running_server(tiny_model, "--num-worker", "1", tmp_path=tmp_path / "a", ports=ports) as first:
+        os.kill(first.process.pid, signal.SIGKILL)
+        first.process.wait(10)
+        started = time.monotonic()
+        wait_for(lambda: not group_alive(first.process.pid), timeout=5)
+        children_gone_s = time.monotonic() - started
+        stale = [p for p in first.tmpdir.iterdir() if p.name.startswith(RUN_DIR_PREFIX)]
+        assert stale, "expected the killed server's ipc folder to be left behind"
+        # the same ports and TMPDIR at once: the next server starts and removes the stale folder
+        with running_server(tiny_model, "--num-worker", "1", tmp_path=tmp_path / "a", ports=ports) as second:
+            with second.client() as client:
+                assert client.encode(["back"]).shape == (1, 32)
+            assert not any(path.exists() for path in stale)
+    assert children_gone_s < 3
+
+
+def test_graceful_stop_finishes_in_flight_requests(tiny_model, tmp_path):
+    texts = random_texts(2000, seed=8, min_words=20, max_words=40)
+    with running_server(tiny_model, tmp_path=tmp_path) as server:
+        with server.client() as client:
+            expected_first = client.encode(texts[:3])
+            client.encode(texts, blocking=False)
+            stopper = subprocess.run([sys.executable, "-m", "encoder_server.cli", "stop", "--port", str(server.port),
+                                      "--port-out", str(server.port_out)], capture_output=True, text=True,
+                                     timeout=120)
+            result = client.fetch_all(concat=True)
+        assert stopper.returncode == 0, stopper.stderr
+        assert server.process.wait(30) == 0
+    assert result.shape == (2000, 32)
+    np.testing.assert_allclose(result[:3], expected_first, atol=1e-6)
+
+
+def test_sigint_stops_cleanly_and_refuses_nothing_in_flight(tiny_model, tmp_path):
+    texts = random_texts(1500, seed=9, min_words=20, max_words=40)
+    with running_server(tiny_model, tmp_path=tmp_path) as server:
+        with server.client() as client:
+            client.encode(texts, blocking=False)
+            threading.Timer(0.3, lambda: os.killpg(server.process.pid, signal.SIGINT)).start()
+            result = client.fetch_all(concat=True)
+        assert server.process.wait(30) == 0
+        assert "Traceback" not in server.log
+    assert result.shape == (1500, 32)
