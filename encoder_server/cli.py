@@ -30,8 +30,7 @@ def main(argv=None):
 
 
 def start(args):
-    from .gateway.metrics_exporter import serve_metrics
-    from .gateway.serve import run_gateway
+    from .gateway.children import HTTP_CHILDREN
     from .logs import configure_logging
     from .server.supervisor import Supervisor
     from .settings import resolve
@@ -47,9 +46,7 @@ def start(args):
         log.warning("%s", override)
     log.info("%d worker(s) on %s, %d thread(s) each", settings.num_worker, settings.device,
              settings.threads_per_worker)
-    # each helper: the setting that asks for it, and what its process runs (never in the supervisor)
-    helpers = {"gateway": ("http_port", run_gateway), "metrics": ("metrics_port", serve_metrics)}
-    return Supervisor(settings, helpers).serve()
+    return Supervisor(settings, HTTP_CHILDREN).serve()
 
 
 def check(args):

@@ -24,6 +24,17 @@ def start_child(name, verbose):
     return configure_logging(name, verbose), stop
 
 
+def reap_resource_tracker():
+    """Stop multiprocessing's resource tracker, which the first spawned child started, and wait for
+    it: once every child has stopped it has nothing left to track, and left alone it would outlive
+    us as an orphan for init to reap (a leftover of the process group for a moment or more)."""
+    from multiprocessing import resource_tracker
+
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # CPython 3.8 and later
+    if stop is not None:
+        stop()
+
+
 def _die_with_parent():
     """Have Linux kill us when the supervisor dies, even by kill -9: a child that outlived it would
     hold the ports, and a process manager's restart would fail with "address already in use"."""

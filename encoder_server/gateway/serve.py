@@ -8,7 +8,6 @@ import uvicorn
 
 from encoder_client import AsyncEncoderClient
 from encoder_server.logs import configure_logging
-from encoder_server.processes import STOP_SIGNAL, start_child
 
 from .app import create_app
 from .connections import with_header_timeout
@@ -67,16 +66,3 @@ class _Server(uvicorn.Server):
 
     def handle_stop(self, *_):
         self.should_exit = True
-
-
-def run_gateway(settings):
-    """The server's built-in gateway, in a child of the supervisor: a client of the server's own
-    ports (with the server's own CURVE key)."""
-    from .limits import HTTP_LIMITS
-
-    start_child("gateway", settings.verbose)
-    raise SystemExit(serve_http(settings.http_host or settings.host, settings.http_port, settings.client_host,
-                                settings.port, settings.port_out, server_key=settings.server_key,
-                                client_key=settings.server_key, api_key=settings.api_key, verbose=settings.verbose,
-                                limits={name: getattr(settings, name) for name in HTTP_LIMITS},
-                                stop_signals=(STOP_SIGNAL,)))

@@ -27,8 +27,8 @@ class Embed:
     quantize="int8", ...). As a client: `address` is the server's host, with its `port`,
     `port_out`, `timeout` and CURVE `server_key`/`client_key` files as for EncoderClient."""
 
-    def __init__(self, column="text", output_column="embedding", *, address=None, port=DEFAULT_PORT, port_out=DEFAULT_PORT_OUT,
-                 timeout=600, server_key=None, client_key=None, model=None, **choices):
+    def __init__(self, column="text", output_column="embedding", *, address=None, port=DEFAULT_PORT,
+                 port_out=DEFAULT_PORT_OUT, timeout=600, server_key=None, client_key=None, model=None, **choices):
         self.column, self.output_column = column, output_column
         if address is None:
             from ..model import load

@@ -37,7 +37,7 @@ def cache_root():
 
 
 def onnx_files(spec):
-    """(fp32 file, served file) for these spec, building whatever the cache lacks."""
+    """(fp32 file, served file) for this spec, building whatever the cache lacks."""
     fp32 = _cached(_key(spec, precision="fp32"), lambda target: onnx_export.export(spec, target))
     if spec.quantize == "int8":
         return fp32, _cached(_key(spec, precision="int8"),
@@ -45,6 +45,21 @@ def onnx_files(spec):
     if spec.fp16:
         return fp32, _cached(_key(spec, precision="fp16"), lambda target: onnx_export.to_fp16(fp32, target))
     return fp32, fp32
+
+
+def served_file_if_cached(spec):
+    """The file to serve for a spec without int8 when the cache holds it whole, else None; this
+    builds nothing and loads neither torch nor ONNX Runtime."""
+    if spec.quantize == "int8":
+        return None
+    folder = cache_root() / _key(spec, precision="fp16" if spec.fp16 else "fp32")
+    if not (folder / "model.onnx").exists():
+        return None
+    with FileLock(str(folder) + ".lock", timeout=600):
+        usable = (folder / "model.onnx").exists() and _damage(folder) is None
+    if usable:
+        log.info("using cached %s", folder / "model.onnx")
+    return folder / "model.onnx" if usable else None
 
 
 def _cached(key, build):

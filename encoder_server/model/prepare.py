@@ -30,7 +30,15 @@ def prepare_model(spec):
 def prepare_model_apart(spec, process_name="model", verbose=False):
     """prepare_model in a child process, so that the caller (the supervisor, a remote worker's
     host) never holds what the export and the int8 check load: torch, transformers' model code and
-    two ONNX sessions, about 400 MB that it would keep for its whole life."""
+    two ONNX sessions, about 400 MB that it would keep for its whole life. When there is nothing
+    to build or check (the torch backend, or a cached ONNX file and no int8), no child is needed."""
+    if spec.backend != "onnx":
+        return spec
+    from .model_cache import served_file_if_cached
+
+    served = served_file_if_cached(spec)
+    if served is not None:
+        return replace(spec, onnx_file=str(served))
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool

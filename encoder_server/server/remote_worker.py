@@ -16,6 +16,7 @@ from encoder_client.keys import curve_keys
 from ..logs import configure_logging
 from ..model.model_folder import ConfigError
 from ..model.prepare import prepare_model_apart
+from ..processes import reap_resource_tracker
 from ..settings import resolve
 from .sockets import remote_worker_endpoints
 from .worker_pool import MAX_FAILED_STARTS, WorkerPool
@@ -50,6 +51,7 @@ def join_server(args):
                 return 1
     finally:
         pool.stop()
+        reap_resource_tracker()
     log.info("stopped")
     return 0
 

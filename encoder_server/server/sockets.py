@@ -65,6 +65,12 @@ class Addresses:
     def _remote(self, offset):
         return [f"tcp://{self.host}:{self.worker_port + offset}"] if self.worker_port else []
 
+    def ipc_too_long(self):
+        """The first ipc endpoint whose path a Unix socket cannot hold (None when all fit)."""
+        limit = getattr(zmq, "IPC_PATH_MAX_LEN", 107) or 107
+        return next((endpoint for endpoint in (self.backend, self.sink, self.control, self.feedback)
+                     if len(endpoint[len("ipc://"):].encode()) > limit), None)
+
 
 def local_address(host):
     """How a process on this host reaches a server bound to `host`."""

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..model.model_folder import ConfigError
 from ..model.prepare import prepare_model_apart
+from ..processes import reap_resource_tracker
 from ..security import own_client_keys, workers_use_curve
 from .messages import SinkRestarted, WorkerExited
 from .sink import run_sink
@@ -70,6 +71,15 @@ def check_port_free(host, port):
             raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror}") from None
 
 
+def check_run_dir_fits():
+    """ConfigError when TMPDIR is too long a path for the ipc sockets of a run folder in it."""
+    would_be = os.path.join(tempfile.gettempdir(), f"{RUN_DIR_PREFIX}{os.getpid()}-{'x' * 8}")  # as mkdtemp names it
+    too_long = Addresses("", 0, 0, would_be).ipc_too_long()
+    if too_long:
+        raise ConfigError(f"TMPDIR {tempfile.gettempdir()} is too long a path for the server's ipc sockets "
+                          f"({too_long} passes the limit of Unix sockets): set a shorter TMPDIR")
+
+
 class Supervisor:
     def __init__(self, settings, helpers=None):
         """`helpers`: the processes that serve this server over HTTP, name -> (the setting that asks
@@ -90,6 +100,7 @@ class Supervisor:
         """Run until stopped; returns the process exit code."""
         for host, port in self.settings.listening():
             check_port_free(host, port)
+        check_run_dir_fits()
         self.settings = prepare_model_apart(self.settings, verbose=self.settings.verbose)
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: self.stop_requested.set())
@@ -105,6 +116,7 @@ class Supervisor:
         finally:
             self.stop_children()
             shutil.rmtree(run_dir, ignore_errors=True)
+            reap_resource_tracker()
         log.info("stopped")
         return 1 if failed else 0
 

@@ -40,6 +40,21 @@ def test_start_up_errors_are_one_clear_line(tiny_model, flags, message):
     assert len(finished.stderr.strip().splitlines()) == 1
 
 
+def test_a_tmpdir_too_long_for_the_ipc_sockets_is_a_clear_error(tiny_model, tmp_path):
+    """Unix socket paths end at 107 bytes: a server whose TMPDIR is longer says so and exits,
+    instead of children that crash on bind and are restarted until the server gives up."""
+    long_dir = tmp_path / ("d" * 100)
+    long_dir.mkdir()
+    finished = subprocess.run([sys.executable, "-m", "encoder_server.cli", "start", "--model", str(tiny_model),
+                               "--num-worker", "1", "--port", str(free_port()), "--port-out", str(free_port())],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(long_dir)})
+    assert finished.returncode == 2, finished.stderr
+    assert "too long a path for the server's ipc sockets" in finished.stderr and "set a shorter TMPDIR" in \
+        finished.stderr and "Traceback" not in finished.stderr, finished.stderr
+    assert [path for path in long_dir.iterdir() if path.name != ".ses"] == []  # its run folder is removed
+
+
 def test_port_in_use_is_a_clear_error(tiny_model):
     with zmq.Context.instance().socket(zmq.PULL) as taken:
         port = taken.bind_to_random_port("tcp://127.0.0.1")
