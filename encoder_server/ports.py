@@ -3,7 +3,7 @@ import random
 import socket
 from pathlib import Path
 
-_LOWEST_PORT = 10_000
+LOWEST_PORT = 10_000
 
 
 def _ephemeral_range_start():
@@ -13,20 +13,31 @@ def _ephemeral_range_start():
         return 32768
 
 
-_cursor = [random.randrange(_LOWEST_PORT, max(_LOWEST_PORT + 1, _ephemeral_range_start() - 2000))]
+# [first, end) of the ports this process hands out, and the next one it tries
+_range = [LOWEST_PORT, _ephemeral_range_start()]
+_cursor = [random.randrange(_range[0], max(_range[0] + 1, _range[1] - 2000))]
+
+
+def use_slice(index, count):
+    """Hand out only the `index`-th of `count` equal slices of the range, so that processes that
+    start servers side by side (parallel test runners) never pick the same port."""
+    first, end = LOWEST_PORT, _ephemeral_range_start()
+    width = (end - first) // count
+    _range[:] = [first + index * width, first + (index + 1) * width]
+    _cursor[0] = random.randrange(_range[0], _range[1])
 
 
 def free_port(host="127.0.0.1", consecutive=1):
     """The first of `consecutive` free ports on `host`. They lie below the kernel's ephemeral range,
     so no outgoing connection (a client's, a worker's) can take one between this pick and the
     server's bind, and none is handed out twice by one process."""
-    end = _ephemeral_range_start()
-    for _ in range(end):
+    first_port, end = _range
+    for _ in range(end - first_port):
         first = _cursor[0]
-        _cursor[0] = first + consecutive if first + consecutive < end else _LOWEST_PORT
+        _cursor[0] = first + consecutive if first + consecutive < end else first_port
         if first + consecutive <= end and all(_bindable(host, port) for port in range(first, first + consecutive)):
             return first
-    raise RuntimeError("no free port below the ephemeral range")
+    raise RuntimeError(f"no free port in {first_port}..{end - 1}")
 
 
 def _bindable(host, port):

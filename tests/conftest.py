@@ -1,9 +1,12 @@
 """Fixtures: a tiny random BERT in a temp folder, and real encoder-server processes on loopback."""
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,12 +16,15 @@ import pytest
 
 from benchmark.non_reader import rss_mb, sink_pid  # noqa: F401 (the tests use them)
 from encoder_client import EncoderClient
+from encoder_server import ports
 from encoder_server.ports import free_port  # noqa: F401 (the tests use it)
 
 WORDS = ("the a an of to and in is was for on that with as by it at from this be are or not have has "
          "cat dog bird fish tree house car road city river sun moon star sky rain snow wind fire water "
          "red blue green big small old new fast slow good bad happy sad run walk jump read write sing").split()
 START_TIMEOUT = 120
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):  # pytest -n: each runner its own ports
+    ports.use_slice(int(os.environ["PYTEST_XDIST_WORKER"][2:]), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
 FAULTS = {"ENCODER_SERVER_FAULTS": "1"}  # switches on the test-only hook of server.fault_injection
 # heartbeats every 0.25 s, so a silent worker or ventilator counts as lost after 1.25 s, not 5 s
 FAST_HEARTBEATS = {"ENCODER_SERVER_HEARTBEAT_INTERVAL": "0.25"}
@@ -95,7 +101,7 @@ class RunningServer:
                         return self
             except TimeoutError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.05)
         raise RuntimeError(f"server not ready within {START_TIMEOUT}s:\n{self.log}")
 
     def stop(self, sig=signal.SIGTERM, timeout=60):
@@ -113,8 +119,8 @@ def running_server(model_dir, *flags, tmp_path, ports=None, env=None, client_key
     """Start `encoder-server start` as a real process group; stop it and check nothing is left.
     `client_keys` are the server_key and client_key that its clients need under CURVE."""
     port, port_out = ports or (free_port(), free_port())
-    tmpdir = tmp_path / "server-tmp"
-    tmpdir.mkdir(parents=True, exist_ok=True)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    tmpdir = short_tmpdir(tmp_path)
     log_path = tmp_path / f"server-{port}.log"
     command = [sys.executable, "-m", "encoder_server.cli", "start", "--model", str(model_dir),
                "--port", str(port), "--port-out", str(port_out), *flags]
@@ -127,6 +133,25 @@ def running_server(model_dir, *flags, tmp_path, ports=None, env=None, client_key
     finally:
         server.stop()
         assert_no_leftovers(server)
+
+
+_SHORT_DIRS = set()
+
+
+def short_tmpdir(tmp_path):
+    """A server's TMPDIR, one per `tmp_path`, whose path is short enough for the server's ipc sockets
+    (Unix socket paths end at 107 bytes, and pytest's folders under pytest -n come close)."""
+    path = Path(tempfile.gettempdir()) / f"es-test-{hashlib.sha1(str(tmp_path).encode()).hexdigest()[:12]}"
+    path.mkdir(exist_ok=True)
+    _SHORT_DIRS.add(path)
+    return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def short_dirs_removed():
+    yield
+    for path in _SHORT_DIRS:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def assert_no_leftovers(server):
@@ -196,6 +221,18 @@ def keyed_gateway(one_worker_server, tmp_path_factory):
                          "--api-key", API_KEY) as gateway:
         gateway.wait_status("/ready", 200)
         yield gateway
+
+
+@pytest.fixture(scope="session")
+def ray_head():
+    """One Ray head for the tests that are not about starting Ray (`--ray-address` to it, or
+    ray.init in the test's process): each would otherwise start and stop a Ray of its own. The
+    bulk runs killed mid-way, and the two-node cluster, start their own."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    yield cluster.address
+    cluster.shutdown()
 
 
 def reference_embeddings(model_dir, texts, layers=(-2,), strategy="mean", is_tokenized=False, max_length=None):

@@ -23,10 +23,10 @@ BATCH = 40
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def local_ray(ray_head):
     import ray.data
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address=ray_head, log_to_driver=False, logging_level="ERROR")
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     context.execution_options.preserve_order = True

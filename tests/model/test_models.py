@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import running_server
+from conftest import running_server, short_tmpdir
 from model_zoo import build_encoder, save_sentence_transformer
 
 pytestmark = pytest.mark.timeout(600)
@@ -144,7 +144,7 @@ def test_check_compares_the_service_with_sentence_transformers(encoders, tmp_pat
 
     folder = save_sentence_transformer(encoders["roberta"], tmp_path / "st", pooling="cls", dense=(16, torch.nn.Tanh()))
     command = [sys.executable, "-m", "encoder_server.cli", "check", "--model", str(folder)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(short_tmpdir(tmp_path))}
     same = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert same.returncode == 0, same.stderr
     assert "16 floats per embedding" in same.stdout and "same rows" in same.stdout

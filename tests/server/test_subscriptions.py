@@ -1,11 +1,10 @@
 """encoder_server.server.subscriptions: which subscriptions the sink applies, and who listens."""
-import uuid
 
 import pytest
 
 from encoder_server.server.subscriptions import Change, Subscriptions, parse_change
 
-LEGACY = str(uuid.uuid4()).encode()  # what bert-serving-client subscribes to
+LEGACY = b"0c51eb5a-50e5-4f5d-9f49-1d4ef9737ba1"  # what bert-serving-client subscribes to: a uuid4
 
 
 def subscribe(topic):

@@ -14,7 +14,7 @@ from conftest import random_texts, running_server
 pytestmark = pytest.mark.timeout(300)
 
 
-FUZZ_SECONDS = 20  # hypothesis stops at max_examples or here, whichever comes first
+FUZZ_SECONDS = 10  # hypothesis stops at max_examples or here, whichever comes first
 
 
 VALID = [b"fuzzer", json.dumps(["the cat", "a dog ran"]).encode(), b"7", b"2",
