@@ -72,11 +72,6 @@ class Addresses:
                      if len(endpoint[len("ipc://"):].encode()) > limit), None)
 
 
-def local_address(host):
-    """How a process on this host reaches a server bound to `host`."""
-    return "127.0.0.1" if host in ("0.0.0.0", "::", "*") else host
-
-
 def peer_address(frame):
     """The address a received frame's sender connected from (None for ipc, or when unknown)."""
     try:
