@@ -1,4 +1,5 @@
-"""What every child process of the supervisor does first: logging, signals, dying with its parent."""
+"""The server's processes: what every child of the supervisor does first (logging, signals, dying
+with its parent), and what a parent of spawned children does last (reaping the resource tracker)."""
 import ctypes
 import multiprocessing
 import os
