@@ -213,6 +213,16 @@ def small_queue_server(tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def gateway(tiny_server, tmp_path_factory):
+    """`encoder-server http` in front of tiny_server, without an API key, shared by the whole run."""
+    from http_helpers import running_gateway
+
+    with running_gateway(tiny_server.port, tiny_server.port_out, tmp_path_factory.mktemp("gateway")) as gateway:
+        gateway.wait_status("/ready", 200)
+        yield gateway
+
+
+@pytest.fixture(scope="session")
 def keyed_gateway(one_worker_server, tmp_path_factory):
     """`encoder-server http` in front of one_worker_server, with http_helpers.API_KEY."""
     from http_helpers import API_KEY, running_gateway

@@ -3,17 +3,9 @@ as its own documentation says for an OpenAI-compatible server, against the ZeroM
 import numpy as np
 import pytest
 
-from http_helpers import running_gateway
 
 pytestmark = pytest.mark.timeout(180)
 TEXTS = ["the cat sat on the mat", "a dog\nruns", "red blue green big small", "run"]
-
-
-@pytest.fixture(scope="module")
-def gateway(tiny_server, tmp_path_factory):
-    with running_gateway(tiny_server.port, tiny_server.port_out, tmp_path_factory.mktemp("gateway")) as gateway:
-        gateway.wait_status("/ready", 200)
-        yield gateway
 
 
 @pytest.fixture(scope="module")

@@ -28,13 +28,6 @@ CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.fixture(scope="module")
-def gateway(tiny_server, tmp_path_factory):
-    with running_gateway(tiny_server.port, tiny_server.port_out, tmp_path_factory.mktemp("gateway")) as gateway:
-        gateway.wait_status("/ready", 200)
-        yield gateway
-
-
-@pytest.fixture(scope="module")
 def model_id(gateway):
     return gateway.get("/v1/models").json()["data"][0]["id"]
 
