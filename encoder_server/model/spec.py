@@ -6,6 +6,7 @@ Settings (encoder_server.settings) adds its own choices beside these, the CLI bu
 from both, and `resolve_spec` fills in every choice left at None from what the model folder says.
 """
 import argparse
+import importlib.util
 import os
 from dataclasses import dataclass, field, fields, replace
 
@@ -236,6 +237,9 @@ def _check_engine(spec):
         raise ConfigError("--fp16 needs --device cuda")
     if spec.quantize and (backend != "onnx" or device != "cpu"):
         raise ConfigError("--quantize int8 needs --backend onnx on --device cpu")
+    if backend == "torch" and importlib.util.find_spec("torch") is None:
+        raise ConfigError("--backend torch needs torch, which this install lacks (pip install 'encoder-server[server]', "
+                          "or the container image's full target)")
     if device == "cuda" and backend == "torch":
         import torch
         if not torch.cuda.is_available():

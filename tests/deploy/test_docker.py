@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import io
 import json
+import os
 import re
 import shlex
 import shutil
@@ -32,7 +33,7 @@ from encoder_server.cli import _parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
-DOCKERFILES = {"cpu": DOCKER / "Dockerfile", "cuda": DOCKER / "Dockerfile.cuda"}
+DOCKERFILE = DOCKER / "Dockerfile"
 COMPOSE = DOCKER / "compose.yaml"
 PORTS = {"5555", "5556", "5557", "5558", "8080"}
 FIRST_PARTY = ("encoder_server", "encoder_client")
@@ -42,9 +43,8 @@ TORCH = "torch==2.13.0"
 
 # ---- helpers ----------------------------------------------------------------------------------
 
-def instructions(dockerfile):
-    """([(INSTRUCTION, arguments)] of the whole Dockerfile, the same of its final stage); continuation
-    lines are joined and comments dropped."""
+def logical_lines(dockerfile):
+    """[(INSTRUCTION, arguments)] of the Dockerfile: continuation lines joined, comments dropped."""
     logical, current = [], ""
     for line in dockerfile.read_text().splitlines():
         if not current and (not line.strip() or line.lstrip().startswith("#")):
@@ -56,9 +56,50 @@ def instructions(dockerfile):
             continue
         logical.append(current + line)
         current = ""
-    parsed = [(text.split(None, 1)[0].upper(), text.split(None, 1)[1].strip()) for text in logical]
-    last_from = max(i for i, (name, _) in enumerate(parsed) if name == "FROM")
-    return parsed, parsed[last_from:]
+    return [(text.split(None, 1)[0].upper(), text.split(None, 1)[1].strip()) for text in logical]
+
+
+def instructions(dockerfile, target=None, build_args=None):
+    """([(INSTRUCTION, arguments)] of the whole Dockerfile, the same of the stages that `target`
+    (default: the last stage) is built from, root first, their build arguments replaced by the
+    values `build_args` gives, else by their defaults)."""
+    parsed = logical_lines(dockerfile)
+    stages, order = {}, []                          # stage name -> (the FROM it names, its instructions)
+    for instruction, arguments in parsed:
+        if instruction == "FROM":
+            words = arguments.split()
+            order.append(words[2] if len(words) == 3 and words[1].upper() == "AS" else f"stage {len(order)}")
+            stages[order[-1]] = (words[0], [(instruction, arguments)])
+        elif order:
+            stages[order[-1]][1].append((instruction, arguments))
+    chain, name = [], target or order[-1]
+    assert name in stages, f"no stage {name}"
+    while name in stages:
+        chain[:0] = stages[name][1]
+        name = stages[name][0]
+    values = dict(build_args or {})
+    for instruction, arguments in [*parsed[:parsed.index(next(i for i in parsed if i[0] == "FROM"))], *chain]:
+        if instruction == "ARG" and "=" in arguments:
+            key, default = arguments.split("=", 1)
+            values.setdefault(key, default)
+    return parsed, [(instruction, _substitute(arguments, values)) for instruction, arguments in chain]
+
+
+def _substitute(text, values):
+    return re.sub(r"\$\{?(\w+)\}?", lambda match: values.get(match.group(1), match.group(0)), text)
+
+
+def documented_builds():
+    """{image tag: (target, build arguments)} of the `docker build` commands in the Dockerfile's
+    header comment."""
+    header = "\n".join(line.lstrip("# ") for line in DOCKERFILE.read_text().splitlines() if line.startswith("#"))
+    builds = {}
+    for command in re.findall(r"docker build (?:[^\n]*\\\n)*[^\n]*", header):
+        words = shlex.split(command.replace("\\\n", " "))
+        options = dict(zip(words[::1], words[1::1]))
+        arguments = dict(word.split("=", 1) for flag, word in zip(words, words[1:]) if flag == "--build-arg")
+        builds[options["-t"]] = (options.get("--target"), arguments)
+    return builds
 
 
 def exec_form(arguments):
@@ -124,12 +165,13 @@ def ready_endpoint(status):
 
 
 def run_ready_check(argv, port):
-    """Run a `python -c ...` health check against 127.0.0.1:port instead of :8080; its exit code."""
-    assert argv[:2] == ["python", "-c"], argv
-    code = argv[2]
-    assert "127.0.0.1:8080/ready" in code
-    result = subprocess.run([sys.executable, "-c", code.replace("127.0.0.1:8080", f"127.0.0.1:{port}")],
-                            capture_output=True, timeout=20)
+    """Run a `python -c ...` health check against 127.0.0.1:port instead of :8080 (through the
+    ENCODER_SERVER_HTTP_PORT that the image's check reads, or by rewriting the address); its exit code."""
+    assert argv[0] in ("python", "python3") and argv[1] == "-c", argv
+    code = argv[2].replace("127.0.0.1:8080", f"127.0.0.1:{port}")
+    assert f"127.0.0.1:{port}" in code or "ENCODER_SERVER_HTTP_PORT" in code, code
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=20,
+                            env={**os.environ, "ENCODER_SERVER_HTTP_PORT": str(port)})
     return result.returncode
 
 
@@ -149,19 +191,56 @@ def dockerignored(relative):
     return False
 
 
-# ---- Dockerfiles ------------------------------------------------------------------------------
+# ---- the Dockerfile ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", DOCKERFILES)
-def test_hadolint_finds_nothing(name):
-    result = subprocess.run([hadolint(), "--no-color", "--failure-threshold", "info", str(DOCKERFILES[name])],
+def variants():
+    """{name: (target, build arguments)}: the targets as they are built by default, and the CUDA image
+    (the full target with the build arguments the Dockerfile's header gives)."""
+    builds = documented_builds()
+    assert "encoder-server:cuda" in builds, f"the header documents no CUDA build: {builds}"
+    return {"runtime": ("runtime", {}), "full": ("full", {}), "cuda": builds["encoder-server:cuda"]}
+
+
+VARIANTS = variants()
+
+
+def stages_of(variant):
+    target, build_args = VARIANTS[variant]
+    return instructions(DOCKERFILE, target, build_args)[1]
+
+
+@pytest.fixture
+def image_env(monkeypatch):
+    """Set a variant's ENV, as the image does, so that parsing its command reads the same defaults."""
+    def apply(variant):
+        for _, arguments in [item for item in stages_of(variant) if item[0] == "ENV"]:
+            for name, value in (pair.split("=", 1) for pair in shlex.split(arguments)):
+                if name.startswith("ENCODER_SERVER_"):
+                    monkeypatch.setenv(name, value)
+    return apply
+
+
+def test_hadolint_finds_nothing():
+    result = subprocess.run([hadolint(), "--no-color", "--failure-threshold", "info", str(DOCKERFILE)],
                             capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("name", DOCKERFILES)
-def test_dockerfile_default_command_parses_and_matches_the_image(name):
-    _, final = instructions(DOCKERFILES[name])
-    found = dict(final)
+def test_documented_builds_name_real_targets_and_arguments():
+    everything, _ = instructions(DOCKERFILE)
+    declared = {arguments.split("=")[0] for instruction, arguments in everything if instruction == "ARG"}
+    stages = {arguments.split()[2] for instruction, arguments in everything
+              if instruction == "FROM" and len(arguments.split()) == 3}
+    for tag, (target, arguments) in documented_builds().items():
+        assert target is None or target in stages, f"{tag}: no stage {target}"
+        assert set(arguments) <= declared, f"{tag}: undeclared {set(arguments) - declared}"
+    assert instructions(DOCKERFILE)[1] == instructions(DOCKERFILE, "runtime")[1], "runtime is the default target"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_default_command_parses_and_matches_the_image(variant, image_env):
+    image_env(variant)
+    found = dict(stages_of(variant))
     assert exec_form(found["ENTRYPOINT"]) == ["encoder-server"]
     args = cli(exec_form(found["CMD"]))
     assert args.run.__name__ == "start"
@@ -170,28 +249,26 @@ def test_dockerfile_default_command_parses_and_matches_the_image(name):
     assert {str(args.port), str(args.port_out)} <= PORTS
     assert args.worker_port is None, "an open worker port needs keys, which an image cannot ship"
     assert set(found["EXPOSE"].split()) == PORTS
-    assert args.device == ("cuda" if name == "cuda" else "cpu")
+    assert args.device == ("cuda" if variant == "cuda" else "cpu")
 
 
-@pytest.mark.parametrize("name", DOCKERFILES)
-def test_dockerfile_runs_unprivileged_and_offline(name):
-    _, final = instructions(DOCKERFILES[name])
-    users = [arguments for instruction, arguments in final if instruction == "USER"]
-    assert users, "the final stage must switch to a non-root USER"
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_image_runs_unprivileged_and_offline(variant):
+    stages = stages_of(variant)
+    users = [arguments for instruction, arguments in stages if instruction == "USER"]
+    assert users, "the image must switch to a non-root USER"
     user = users[-1].split(":")[0]
     assert user not in ("root", "0"), users[-1]
-    env = " ".join(arguments for instruction, arguments in final if instruction == "ENV")
+    env = " ".join(arguments for instruction, arguments in stages if instruction == "ENV")
     for setting in ("HF_HUB_OFFLINE=1", "PYTHONUNBUFFERED=1", "HOME=/home/encoder",
                     "ENCODER_SERVER_CACHE=/home/encoder/.cache/encoder-server"):
         assert setting in env.split(), setting
-    setup = " ".join(arguments for instruction, arguments in final if instruction == "RUN")
+    setup = " ".join(arguments for instruction, arguments in stages if instruction == "RUN")
     assert f"--uid {user}" in setup and "chown -R" in setup and "/home/encoder" in setup
 
 
-@pytest.mark.parametrize("name", DOCKERFILES)
-def test_dockerfile_healthcheck_asks_ready(name):
-    _, final = instructions(DOCKERFILES[name])
-    healthcheck = dict(final)["HEALTHCHECK"]
+def test_healthcheck_asks_ready_on_the_gateways_port():
+    healthcheck = dict(stages_of("runtime"))["HEALTHCHECK"]
     options, _, command = healthcheck.partition(" CMD ")
     assert options.startswith("--") and "--start-period=" in options
     argv = exec_form(command.strip())
@@ -204,23 +281,31 @@ def test_dockerfile_healthcheck_asks_ready(name):
     assert run_ready_check(argv, port) != 0
 
 
-@pytest.mark.parametrize("name", DOCKERFILES)
-def test_dockerfile_installs_pinned_torch_then_the_project(name):
-    everything, _ = instructions(DOCKERFILES[name])
-    installs = [arguments for instruction, arguments in everything
-                if instruction == "RUN" and "pip install" in arguments]
-    torch = [line for line in installs if re.search(r"\btorch\b", line)]
-    assert torch and all(TORCH in line for line in torch), torch
-    assert installs.index(torch[0]) < next(i for i, line in enumerate(installs) if "[server]" in line)
-    if name == "cpu":
-        assert "--index-url https://download.pytorch.org/whl/cpu" in torch[0]
-    else:
-        assert "onnxruntime-gpu==" in " ".join(installs)
+def test_full_target_installs_pinned_torch_then_the_project_and_runtime_has_no_torch():
+    pinned = TORCH.split("==")[1]
+    for variant in VARIANTS:
+        target, build_args = VARIANTS[variant]
+        (venv,) = [arguments.split()[0].split("=")[1] for instruction, arguments in stages_of(variant)
+                   if instruction == "COPY" and arguments.startswith("--from") and "/opt/venv" in arguments]
+        installs = [arguments for instruction, arguments in instructions(DOCKERFILE, venv, build_args)[1]
+                    if instruction == "RUN" and "pip install" in arguments]
+        torch = [line for line in installs if re.search(r"\btorch\b", line)]
+        if variant == "runtime":
+            assert not torch and not any("[server]" in line for line in installs), installs
+            assert any("[runtime]" in line for line in installs), installs
+            continue
+        assert torch and all(f"torch=={pinned}" in line for line in torch), torch
+        joined = " ".join(installs)
+        assert joined.index(f"torch=={pinned}") < joined.index("[server]"), "torch first, from its own index"
+        if variant == "cuda":
+            assert "onnxruntime-gpu==" in " ".join(installs)
+            assert "https://download.pytorch.org/whl/cpu" not in torch[0]
+        else:
+            assert "--index-url \"https://download.pytorch.org/whl/cpu\"" in torch[0]
 
 
-@pytest.mark.parametrize("name", DOCKERFILES)
-def test_dockerfile_copies_existing_files_the_context_keeps(name):
-    everything, _ = instructions(DOCKERFILES[name])
+def test_dockerfile_copies_existing_files_the_context_keeps():
+    everything, _ = instructions(DOCKERFILE)
     copies = [arguments.split() for instruction, arguments in everything
               if instruction == "COPY" and not arguments.startswith("--from")]
     sources = [source for words in copies for source in words[:-1]]
@@ -242,8 +327,8 @@ def test_dockerignore_keeps_the_context_small():
 
 def test_prebuilt_onnx_export_uses_functions_that_exist():
     """The CPU image exports the model at build time through these imports; a rename must fail here."""
-    everything, _ = instructions(DOCKERFILES["cpu"])
-    snippets = [re.search(r'python -c "([^"]*)"', arguments) for instruction, arguments in everything
+    everything, _ = instructions(DOCKERFILE)
+    snippets = [re.search(r'python3? -c "([^"]*)"', arguments) for instruction, arguments in everything
                 if instruction == "RUN"]
     imports = [found for match in snippets if match
                for found in re.findall(r"from ([\w.]+) import (\w+)", match.group(1))]
@@ -259,12 +344,15 @@ def image_wheel(tmp_path_factory):
     """The project's wheel, built from exactly the files the Dockerfile copies (a non-editable install,
     unlike the development venv's `pip install -e`)."""
     context = tmp_path_factory.mktemp("context")
-    everything, _ = instructions(DOCKERFILES["cpu"])
+    everything, _ = instructions(DOCKERFILE)
     for instruction, arguments in everything:
         if instruction == "COPY" and not arguments.startswith("--from"):
             for source in arguments.split()[:-1]:
-                copy = shutil.copytree if (ROOT / source).is_dir() else shutil.copy2
-                copy(ROOT / source, context / source)
+                (context / source).parent.mkdir(parents=True, exist_ok=True)
+                if (ROOT / source).is_dir():
+                    shutil.copytree(ROOT / source, context / source, dirs_exist_ok=True)
+                else:
+                    shutil.copy2(ROOT / source, context / source)
     out = tmp_path_factory.mktemp("wheel")
     # offline with this venv's setuptools when it can build wheels itself (70.1+), else pip fetches one
     can_build_here = importlib.util.find_spec("setuptools") is not None
@@ -351,7 +439,7 @@ def test_compose_services_build_the_cpu_image(compose):
         build = service["build"]
         assert build["dockerfile"] == "docker/Dockerfile", name
         assert (COMPOSE.parent / build["context"]).resolve() == ROOT, name
-        assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == DOCKERFILES["cpu"]
+        assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE
         images.add(service["image"])
     assert len(images) == 1, f"one image for all services: {images}"
 

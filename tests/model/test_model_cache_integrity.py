@@ -123,6 +123,24 @@ def test_a_sound_cached_file_is_served_without_a_child_process_and_nothing_else_
     assert model_cache.served_file_if_cached(spec) is None  # the child builds it again
 
 
+def test_an_install_that_cannot_export_serves_what_another_built_and_says_what_building_needs(
+        cache, tiny_model, monkeypatch):
+    """Without the exporters (the lean image has no torch), an entry that an install with other
+    versions of them built for the same recipe serves; a missing one is a clear error, not an
+    ImportError from a child process."""
+    from encoder_server.model.model_folder import ConfigError
+    from encoder_server.model.spec import ModelSpec, resolve_spec
+
+    spec = resolve_spec(ModelSpec(model=str(tiny_model), threads_per_worker=1))
+    _, built = model_cache.onnx_files(spec)
+    monkeypatch.setattr(model_cache, "EXPORTERS", ("torch", "transformers", "onnx", "an_exporter_not_installed"))
+    assert model_cache._key(spec, "fp32") != built.parent.name  # the exporters' versions differ
+    assert model_cache.served_file_if_cached(spec) == built
+    assert model_cache.onnx_files(spec) == (built, built)
+    with pytest.raises(ConfigError, match="cannot build one: that needs torch, transformers, onnx"):
+        model_cache.onnx_files(resolve_spec(ModelSpec(model=str(tiny_model), pooling_strategy="cls")))
+
+
 # ----- the pool: counting start-up failures (fake processes, no model) -----
 
 class FakePipe:
