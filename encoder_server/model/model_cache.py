@@ -46,13 +46,11 @@ def cache_root():
 
 def onnx_files(spec):
     """(fp32 file, served file) for this spec, building whatever the cache lacks."""
-    fp32 = _cached(_entry(spec, "fp32"), _buildable(spec, "fp32", lambda target: onnx_export.export(spec, target)))
+    fp32 = _cached(_entry(spec, "fp32"), lambda target: onnx_export.export(spec, target))
     if spec.quantize == "int8":
-        return fp32, _cached(_entry(spec, "int8"),
-                             _buildable(spec, "int8", lambda target: onnx_export.quantize(fp32, target, spec)))
+        return fp32, _cached(_entry(spec, "int8"), lambda target: onnx_export.quantize(fp32, target, spec))
     if spec.fp16:
-        return fp32, _cached(_entry(spec, "fp16"),
-                             _buildable(spec, "fp16", lambda target: onnx_export.to_fp16(fp32, target)))
+        return fp32, _cached(_entry(spec, "fp16"), lambda target: onnx_export.to_fp16(fp32, target))
     return fp32, fp32
 
 
@@ -82,6 +80,10 @@ def _cached(key, build):
                 log.info("using cached %s", target)
                 return target
             log.warning("cached ONNX entry unusable: %s; building it again", damage)
+        if not _can_export():
+            raise ConfigError(f"the ONNX cache ({cache_root()}) has no usable {key} for these settings, and this "
+                              f"install cannot build it: that needs {', '.join(EXPORTERS)} (pip install "
+                              "'encoder-server[server]', or the container image's full target)")
         log.info("building %s (once; later starts reuse it)", target)
         shutil.rmtree(folder, ignore_errors=True)  # a build interrupted before it was complete
         for stale in folder.parent.glob(f".build-{key}-*"):  # left by a builder killed mid-way; we hold its lock
@@ -95,18 +97,6 @@ def _cached(key, build):
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target
-
-
-def _buildable(spec, precision, build):
-    """`build`, or where this install cannot build, a clear error instead."""
-    if _can_export():
-        return build
-
-    def cannot(target):
-        raise ConfigError(f"--model {spec.model}: the cache ({cache_root()}) has no {precision} ONNX file for "
-                          f"these settings, and this install cannot build one: that needs {', '.join(EXPORTERS)} "
-                          "(pip install 'encoder-server[server]', or the container image's full target)")
-    return cannot
 
 
 def _can_export():

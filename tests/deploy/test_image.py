@@ -8,6 +8,7 @@ through the Dockerfile. The build keeps podman's layer cache between runs; its t
 size are reported at the end of the run. Skipped, saying why, only where podman cannot run at all.
 """
 import json
+import os
 import re
 import resource
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +32,7 @@ from encoder_server.model.model_folder import default_model_path
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "localhost/bookworm-python:3.11"
 IMAGE = "localhost/encoder-server:test"
+FULL_IMAGE = "localhost/encoder-server:test-full"
 SIZE_LIMIT_MB = 600
 START_TIMEOUT = 180
 MODEL_NAME = "all-MiniLM-L6-v2"
@@ -107,10 +110,10 @@ def torch_version(settings):
 
 # ---- the image ----------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def image(podman, tmp_path_factory):
-    """The runtime image, built from this checkout; (name, seconds the build took, size in MB).
-    One build at a time across the test processes; a second one reuses the first's layers."""
+def build(podman, tmp_path_factory, target, tag):
+    """Build `target` of docker/Dockerfile from this checkout as `tag`; (tag, seconds the build
+    took, size in MB). One build at a time across the test processes; a second one reuses the
+    first's layers."""
     shared = tmp_path_factory.getbasetemp().parent
     with FileLock(str(shared / "image-build.lock")):
         if run([*podman, "image", "exists", BASE], check=False).returncode != 0:
@@ -118,13 +121,24 @@ def image(podman, tmp_path_factory):
         started = time.monotonic()
         settings = pip_settings()
         # --format docker: the OCI format that podman writes by default has no HEALTHCHECK
-        run([*podman, "build", "--format", "docker", "--network", "host", *limits(), *pip_mounts(settings, tmp_path_factory.mktemp("pip")),
+        run([*podman, "build", "--format", "docker", "--network", "host", *limits(),
+             *pip_mounts(settings, tmp_path_factory.mktemp("pip")), "--target", target,
              "--build-arg", f"BASE_IMAGE={BASE}", "--build-arg", "TORCH_INDEX_URL=https://pypi.org/simple",
              "--build-arg", f"TORCH_VERSION={torch_version(settings)}",
-             "-f", str(ROOT / "docker" / "Dockerfile"), "-t", IMAGE, str(ROOT)], timeout=1500)
+             "-f", str(ROOT / "docker" / "Dockerfile"), "-t", tag, str(ROOT)], timeout=1500)
         seconds = time.monotonic() - started
-    size = json.loads(run([*podman, "image", "inspect", IMAGE]).stdout)[0]["Size"] / 1e6
-    return IMAGE, seconds, size
+    size = json.loads(run([*podman, "image", "inspect", tag]).stdout)[0]["Size"] / 1e6
+    return tag, seconds, size
+
+
+@pytest.fixture(scope="module")
+def image(podman, tmp_path_factory):
+    return build(podman, tmp_path_factory, "runtime", IMAGE)
+
+
+@pytest.fixture(scope="module")
+def full_image(podman, tmp_path_factory, image):
+    return build(podman, tmp_path_factory, "full", FULL_IMAGE)
 
 
 def test_the_runtime_image_is_lean_unprivileged_and_has_the_export(podman, image, record_property):
@@ -144,6 +158,12 @@ def test_the_runtime_image_is_lean_unprivileged_and_has_the_export(podman, image
     assert carried == "[]", f"the runtime image carries {carried}"
     assert served.startswith("/home/encoder/.cache/encoder-server/") and served.endswith("/model.onnx"), \
         listed.stdout + listed.stderr
+    # what needs torch says so, and names the full target
+    for options in (["--backend", "torch"], ["--pooling-strategy", "cls"]):
+        refused = run([*podman, "run", "--rm", "--read-only", *limits(), name, "start", "--num-worker", "1",
+                       "--port", str(free_port()), "--port-out", str(free_port()), *options], timeout=120, check=False)
+        assert refused.returncode != 0 and "full target" in refused.stderr + refused.stdout, \
+            f"{options}: {refused.returncode}\n{refused.stdout[-2000:]}{refused.stderr[-2000:]}"
 
 
 # ---- containers ---------------------------------------------------------------------------
@@ -210,6 +230,25 @@ def cosines(a, b):
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
+def test_the_full_image_serves_the_torch_backend_like_sentence_transformers(podman, full_image, containers,
+                                                                          record_property):
+    name, seconds, size_mb = full_image
+    record_property("report", f"container image {name} (--target full): built in {seconds:.0f} s, {size_mb:.0f} MB")
+    port, port_out = free_port(), free_port()
+    # a writable tmpfs for the cache, where the full image may build exports at run time
+    server = containers("--read-only", "--tmpfs", "/home/encoder/.cache/encoder-server:rw,mode=1777",
+                        "-e", f"ENCODER_SERVER_HTTP_PORT={free_port()}", name,
+                        "start", "--host", "127.0.0.1", "--port", str(port), "--port-out", str(port_out),
+                        "--backend", "torch", "--num-worker", "1")
+    wait_healthy(podman, server)
+    with EncoderClient("127.0.0.1", port, port_out, timeout=60) as client:
+        rows = client.encode(TEXTS)
+        assert client.server_config["backend"] == "torch"
+    from sentence_transformers import SentenceTransformer
+    reference = SentenceTransformer(str(default_model_path()), device="cpu").encode(TEXTS)
+    assert cosines(rows, reference).min() >= 0.9999
+
+
 def test_the_container_serves_joins_a_remote_worker_and_drains_on_stop(podman, image, containers, keys, tmp_path):
     port, port_out, http_port, worker_port = free_port(), free_port(), free_port(), free_port(consecutive=2)
     curve = {"server_key": str(keys / "server.key"), "client_key": str(keys / "server.key_secret")}
@@ -270,3 +309,61 @@ def test_the_container_serves_joins_a_remote_worker_and_drains_on_stop(podman, i
     state = json.loads(run([*podman, "inspect", server]).stdout)[0]["State"]
     assert state["ExitCode"] == 0, f"exit code {state['ExitCode']} after {time.monotonic() - stopped:.1f} s:\n" \
                                    f"{logs(podman, server)}"
+
+
+# ---- docker/compose.yaml, with podman-compose ------------------------------------------------
+
+def test_compose_runs_server_gateway_and_worker_with_shared_keys(podman, image, tmp_path):
+    """podman-compose runs docker/compose.yaml on the image just built (`up --no-build`: the file's
+    own build would pull python:3.11-slim-bookworm): the keys service writes the pair, the server takes
+    a remote worker from the worker service over CURVE, and clients reach it on the published ports."""
+    compose = shutil.which("podman-compose")
+    if compose is None:
+        pytest.fail("podman-compose is missing: run tests/system-packages.sh")
+    project = f"encoder-test-{uuid.uuid4().hex[:8]}"
+    port, port_out, http_port = free_port(), free_port(), free_port()
+    env = {**os.environ, "ENCODER_IMAGE": image[0], "ENCODER_PORT": str(port), "ENCODER_PORT_OUT": str(port_out),
+           "ENCODER_HTTP_PORT": str(http_port)}
+    command = [compose, "-p", project, f"--podman-args=--runtime={podman[-1]}" if len(podman) > 1 else "",
+               f"--podman-run-args={' '.join(limits())}", "-f", str(ROOT / "docker" / "compose.yaml")]
+    command = [word for word in command if word]
+
+    def compose_run(*args, check=True):
+        result = subprocess.run([*command, *args], capture_output=True, text=True, timeout=300, env=env)
+        assert not check or result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return result
+
+    try:
+        compose_run("up", "-d", "--no-build")
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/ready", timeout=3):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, f"the gateway never got ready:\n{logs(podman, project + '_server_1')}"
+                time.sleep(1)
+        run([*podman, "cp", f"{project}_server_1:/home/encoder/keys", str(tmp_path)])  # the shared volume
+        curve = {"server_key": str(tmp_path / "keys" / "server.key"),
+                 "client_key": str(tmp_path / "keys" / "server.key_secret")}
+        with EncoderClient("127.0.0.1", port, port_out, timeout=60, **curve) as client:
+            deadline = time.monotonic() + START_TIMEOUT
+            while not any("/worker-" in name for name in client.server_status["worker_busy_texts"]):
+                assert time.monotonic() < deadline, f"the worker service never joined: {client.server_status}"
+                time.sleep(0.5)
+            over_zmq = client.encode(random_texts(600, seed=30, min_words=3, max_words=30))
+            encoded = client.server_status["worker_texts_encoded"]
+        remote = {name: count for name, count in encoded.items() if "/worker-" in name}
+        assert remote and sum(remote.values()) > 0, f"the worker service encoded nothing: {encoded}"
+        import openai
+        http = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", max_retries=0)
+        response = http.embeddings.create(model=MODEL_NAME, input=random_texts(600, seed=30, min_words=3, max_words=30))
+        over_http = np.array([row.embedding for row in response.data], dtype=np.float32)
+        assert cosines(over_http, over_zmq).min() >= 0.9999
+        compose_run("stop", "-t", "15")
+        for service in ("server", "gateway", "worker"):
+            state = json.loads(run([*podman, "inspect", f"{project}_{service}_1"]).stdout)[0]["State"]
+            assert state["ExitCode"] == 0, f"{service} exited with {state['ExitCode']}:\n" \
+                                           f"{logs(podman, f'{project}_{service}_1')}"
+    finally:
+        compose_run("down", "-v", "-t", "0", check=False)

@@ -137,7 +137,7 @@ def test_an_install_that_cannot_export_serves_what_another_built_and_says_what_b
     assert model_cache._key(spec, "fp32") != built.parent.name  # the exporters' versions differ
     assert model_cache.served_file_if_cached(spec) == built
     assert model_cache.onnx_files(spec) == (built, built)
-    with pytest.raises(ConfigError, match="cannot build one: that needs torch, transformers, onnx"):
+    with pytest.raises(ConfigError, match="cannot build it: that needs torch, transformers, onnx"):
         model_cache.onnx_files(resolve_spec(ModelSpec(model=str(tiny_model), pooling_strategy="cls")))
 
 
