@@ -291,9 +291,11 @@ def test_full_target_installs_pinned_torch_then_the_project_and_runtime_has_no_t
     pinned = TORCH.split("==")[1]
     for variant in VARIANTS:
         target, build_args = VARIANTS[variant]
-        (venv,) = [arguments.split()[0].split("=")[1] for instruction, arguments in stages_of(variant)
-                   if instruction == "COPY" and arguments.startswith("--from") and "/opt/venv" in arguments]
-        installs = [arguments for instruction, arguments in instructions(DOCKERFILE, venv, build_args)[1]
+        # the stage that made the image's /opt/venv: one it copies it from, or its own
+        copied = [arguments.split()[0].split("=")[1] for instruction, arguments in stages_of(variant)
+                  if instruction == "COPY" and arguments.startswith("--from") and "/opt/venv" in arguments]
+        installs = [arguments for instruction, arguments in instructions(DOCKERFILE, (copied or [target])[0],
+                                                                          build_args)[1]
                     if instruction == "RUN" and "pip install" in arguments]
         torch = [line for line in installs if re.search(r"\btorch\b", line)]
         if variant == "runtime":

@@ -121,7 +121,7 @@ def build(podman, tmp_path_factory, target, tag):
         started = time.monotonic()
         settings = pip_settings()
         # --format docker: the OCI format that podman writes by default has no HEALTHCHECK
-        run([*podman, "build", "--format", "docker", "--network", "host", *limits(),
+        run([*podman, "build", "--format", "docker", "--jobs", "2", "--network", "host", *limits(),
              *pip_mounts(settings, tmp_path_factory.mktemp("pip")), "--target", target,
              "--build-arg", f"BASE_IMAGE={BASE}", "--build-arg", "TORCH_INDEX_URL=https://pypi.org/simple",
              "--build-arg", f"TORCH_VERSION={torch_version(settings)}",
