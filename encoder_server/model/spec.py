@@ -238,8 +238,8 @@ def _check_engine(spec):
     if spec.quantize and (backend != "onnx" or device != "cpu"):
         raise ConfigError("--quantize int8 needs --backend onnx on --device cpu")
     if backend == "torch" and importlib.util.find_spec("torch") is None:
-        raise ConfigError("--backend torch needs torch, which this install lacks (pip install 'encoder-server[server]', "
-                          "or the container image's full target)")
+        raise ConfigError("--backend torch needs torch, which this install lacks (pip install "
+                          "'encoder-server[server]', or the container image's full target)")
     if device == "cuda" and backend == "torch":
         import torch
         if not torch.cuda.is_available():

@@ -1,6 +1,7 @@
-"""The CPU image, built from docker/Dockerfile with podman and run for real: a lean image that
+"""The CPU images, built from docker/Dockerfile with podman and run for real: a lean image that
 serves like a local server, as uid 10001 on a read-only root, joins remote workers over CURVE and
-drains a request in flight when stopped.
+drains a request in flight when stopped; the full target serving the torch backend; and
+docker/compose.yaml run by podman-compose.
 
 The base is Debian 12's python3 made by docker/debian-base.sh (no image registry is reachable here).
 The host's pip settings reach the build as mounts (a pip.conf, its CA bundle and wheel folder), never
@@ -36,7 +37,8 @@ FULL_IMAGE = "localhost/encoder-server:test-full"
 SIZE_LIMIT_MB = 600
 START_TIMEOUT = 180
 MODEL_NAME = "all-MiniLM-L6-v2"
-TEXTS = random_texts(96, seed=27, min_words=1, max_words=60) + ["naïve café — 東京 🙂", "x" * 3000, "tab\there\nnewline"]
+TEXTS = [*random_texts(96, seed=27, min_words=1, max_words=60), "naïve café — 東京 🙂", "x" * 3000,
+         "tab\there\nnewline"]
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -170,11 +172,12 @@ def test_the_runtime_image_is_lean_unprivileged_and_has_the_export(podman, image
 
 @pytest.fixture
 def containers(podman):
-    """Start containers with `start(name, *args)`; each is removed at the end, its log shown on failure."""
+    """`start(*podman_run_args)` starts a container on the host's network and returns its name;
+    each is removed at the end."""
     started = []
 
-    def start(*args, name=None):
-        name = name or f"encoder-test-{uuid.uuid4().hex[:8]}"
+    def start(*args):
+        name = f"encoder-test-{uuid.uuid4().hex[:8]}"
         run([*podman, "run", "-d", "--name", name, "--network", "host", *limits(), *args])
         started.append(name)
         return name
@@ -324,9 +327,9 @@ def test_compose_runs_server_gateway_and_worker_with_shared_keys(podman, image, 
     port, port_out, http_port = free_port(), free_port(), free_port()
     env = {**os.environ, "ENCODER_IMAGE": image[0], "ENCODER_PORT": str(port), "ENCODER_PORT_OUT": str(port_out),
            "ENCODER_HTTP_PORT": str(http_port)}
-    command = [compose, "-p", project, f"--podman-args=--runtime={podman[-1]}" if len(podman) > 1 else "",
-               f"--podman-run-args={' '.join(limits())}", "-f", str(ROOT / "docker" / "compose.yaml")]
-    command = [word for word in command if word]
+    podman_args = [f"--podman-args={' '.join(podman[1:])}"] if len(podman) > 1 else []  # the runtime
+    command = [compose, "-p", project, *podman_args, f"--podman-run-args={' '.join(limits())}",
+               "-f", str(ROOT / "docker" / "compose.yaml")]
 
     def compose_run(*args, check=True):
         result = subprocess.run([*command, *args], capture_output=True, text=True, timeout=300, env=env)
@@ -341,7 +344,8 @@ def test_compose_runs_server_gateway_and_worker_with_shared_keys(podman, image, 
                 with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/ready", timeout=3):
                     break
             except OSError:
-                assert time.monotonic() < deadline, f"the gateway never got ready:\n{logs(podman, project + '_server_1')}"
+                assert time.monotonic() < deadline, \
+                    f"the gateway never got ready:\n{logs(podman, project + '_server_1')}"
                 time.sleep(1)
         run([*podman, "cp", f"{project}_server_1:/home/encoder/keys", str(tmp_path)])  # the shared volume
         curve = {"server_key": str(tmp_path / "keys" / "server.key"),
