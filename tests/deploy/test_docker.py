@@ -96,7 +96,7 @@ def documented_builds():
     builds = {}
     for command in re.findall(r"docker build (?:[^\n]*\\\n)*[^\n]*", header):
         words = shlex.split(command.replace("\\\n", " "))
-        options = dict(zip(words[::1], words[1::1]))
+        options = dict(zip(words, words[1:]))
         arguments = dict(word.split("=", 1) for flag, word in zip(words, words[1:]) if flag == "--build-arg")
         builds[options["-t"]] = (options.get("--target"), arguments)
     return builds
