@@ -121,6 +121,7 @@ def test_a_subscription_flood_does_not_slow_a_good_client_lock_it_out_or_fill_th
     refused one; then a cap of 10,000 per peer address let one local peer lock every other local
     client out. Topics are a set of whole identities now, with no cap: 100,000 accepted and
     100,000 refused from this host, and a client from this host still subscribes, at once."""
+    before = good_request_seconds(server, 30)  # the same client without the flood, on the machine as loaded now
     flood = zmq.Context.instance().socket(zmq.SUB)
     flood.setsockopt(zmq.LINGER, 0)
     flood.setsockopt(zmq.SNDHWM, 0)  # else the subscriptions past its high-water mark are dropped unsent
@@ -131,7 +132,9 @@ def test_a_subscription_flood_does_not_slow_a_good_client_lock_it_out_or_fill_th
     try:
         time.sleep(3)  # the sink takes the subscriptions
         latencies = good_request_seconds(server, 30)
-        assert np.median(latencies) < 0.01, latencies  # 0.018 s before, 0.0012 s after, on the 2-core CI machine
+        # a scan of every topic per reply made it 15x (0.018 s against 0.0012 s on the 2-core CI machine);
+        # a ratio, not a time, so that a busy machine (the suite's other process) slows both alike
+        assert np.median(latencies) < 4 * np.median(before) + 0.002, (before, latencies)
     finally:
         flood.close()
     assert server.log.count("refused a subscription") <= 2  # one line per 10 s, not 100,000
