@@ -137,10 +137,14 @@ def command_of(service):
     return command
 
 
+def compose_default(value):
+    """A compose value with each ${VARIABLE:-default} replaced by its default."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
 def published(service):
-    """{host port: container port} of a service, with the defaults of its ${VARIABLE:-default}s."""
-    with_defaults = [re.sub(r"\$\{\w+:-(\w+)\}", r"\1", item) for item in service["ports"]]
-    return {int(host): int(inside) for host, inside in (item.split(":") for item in with_defaults)}
+    """{host port: container port} of a service, as published by default."""
+    return {int(host): int(inside) for host, inside in (compose_default(item).split(":") for item in service["ports"])}
 
 
 def healthcheck_argv(service):

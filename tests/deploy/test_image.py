@@ -19,7 +19,6 @@ import threading
 import time
 import urllib.request
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -222,12 +221,6 @@ def keys(tmp_path):
     return folder
 
 
-@contextmanager
-def local_server(tmp_path):
-    with running_server(default_model_path(), "--num-worker", "1", tmp_path=tmp_path / "local") as server:
-        yield server
-
-
 def cosines(a, b):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
@@ -265,7 +258,8 @@ def test_the_container_serves_joins_a_remote_worker_and_drains_on_stop(podman, i
     wait_healthy(podman, server)
     assert container_uids(podman, server) == {10001}
 
-    with local_server(tmp_path) as local, local.client() as client:
+    with running_server(default_model_path(), "--num-worker", "1", tmp_path=tmp_path / "local") as local, \
+            local.client() as client:
         expected = client.encode(TEXTS)
     with EncoderClient("127.0.0.1", port, port_out, timeout=60, **curve) as client:
         over_zmq = client.encode(TEXTS)

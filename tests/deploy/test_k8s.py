@@ -31,7 +31,7 @@ from encoder_server.gateway.metrics import ServerStatusCollector
 from encoder_server.gateway.ops_routes import ops_router
 from encoder_server.server.metrics import Metrics
 from encoder_server.settings import CHOICES
-from test_docker import cli, instructions
+from test_docker import cli, compose_default, instructions
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "docker" / "k8s"
@@ -519,7 +519,7 @@ def test_read_only_root_keeps_writable_cache_and_tmp(objects):
 
 
 def test_image_and_grace_period(objects):
-    compose_image = re.sub(r"\$\{\w+:-(.+)\}", r"\1", yaml.safe_load(COMPOSE.read_text())["x-encoder-image"]["image"])
+    compose_image = compose_default(yaml.safe_load(COMPOSE.read_text())["x-encoder-image"]["image"])
     drain = next(setting.default for setting in CHOICES if setting.name == "drain_timeout")
     for deployment, container in all_containers(objects):
         assert container["image"] == compose_image and container["image"].split(":")[0] == IMAGE
