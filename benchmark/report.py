@@ -6,6 +6,8 @@ SERVICE = "service (onnx fp32, defaults)"
 INT8 = "service (onnx int8)"
 IN_PROCESS = "onnx backend in-process"
 INFINITY = "infinity (torch, fp32)"
+FASTEMBED = "FastEmbed (onnx fp32, in-process)"
+ST_ONNX = "sentence-transformers, onnx backend (in-process)"
 
 
 def write(results, out, markdown_path):
@@ -119,6 +121,7 @@ def _markdown(results, plots, base):
     lines += _variants_table(results.get("variants"))
     lines += _graphs_table(results.get("graphs"))
     lines += _accuracy_table(results.get("accuracy"))
+    lines += _peers_table(results.get("peers"))
     lines += ["## GPU", "", "No GPU was lent to this task, so no GPU figures were measured. The CUDA paths "
               "(`--device cuda`, `--fp16`, ORT's CUDA provider) are written but untested.", ""]
     return "\n".join(lines)
@@ -166,6 +169,16 @@ def _targets(results):
            "≥ 1.25", lambda v: v >= 1.25)
     target("p95 latency / infinity, 16 clients x 16 medium", _ratio(conc, SERVICE, INFINITY, "p95_ms", clients=16),
            "≤ 0.8", lambda v: v <= 0.8)
+    summary = (results.get("peers") or {}).get("summary")
+    for peer in (FASTEMBED, ST_ONNX):
+        for row in [row for row in summary or [] if row["engine"] == peer and "per request" not in row["cell"]]:
+            target(f"fp32 service / {peer}, {row['cell']}", row["baseline_over_this"], "≥ 1.2", lambda v: v >= 1.2)
+    ours, theirs = (_cell(summary, engine, cell="short, 1 text per request") for engine in (SERVICE, FASTEMBED))
+    target("1 short text per request, p50: service − FastEmbed in-process, ms",
+           ours and theirs and round(ours["p50_ms"] - theirs["p50_ms"], 1), "≤ 0.5", lambda v: v <= 0.5)
+    long = _cell(summary, SERVICE, cell="long, 1 text per request")
+    target("1 long text per request: service p95 / p50", long and round(long["p95_ms"] / long["p50_ms"], 2), "≤ 1.1",
+           lambda v: v <= 1.1)
     return ["## Targets", "", "| target | measured | goal | |", "|---|---|---|---|", *rows, ""]
 
 
@@ -278,6 +291,20 @@ def _graphs_table(rows):
         low = min(row["min_cosine"] for row in mine.values())
         mean = sum(row["mean_cosine"] for row in mine.values()) / len(mine)
         lines.append(f"| {variant} | " + " | ".join(speeds) + f" | {low:.7f} | {mean:.7f} |")
+    return lines + [""]
+
+
+def _peers_table(peers):
+    if not peers:
+        return []
+    lines = ["## Against in-process peers", "",
+             "Each engine on the same cells, engines alternated within each of the rounds; the peers run in-process "
+             "in their own interpreter (`benchmark/peers.py`). Texts/s and latency are medians over the rounds; the "
+             "last column is the median, over the rounds, of the fp32 service's texts/s divided by this engine's.", "",
+             "| cell | engine | texts/s | p50 ms | p95 ms | service fp32 / this |", "|---|---|---|---|---|---|"]
+    for row in sorted(peers["summary"], key=lambda row: row["cell"]):
+        lines.append(f"| {row['cell']} | {row['engine']} | {row['sentences_per_s']} | {row['p50_ms']} | "
+                     f"{row['p95_ms']} | {row['baseline_over_this'] or '—'} |")
     return lines + [""]
 
 

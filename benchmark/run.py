@@ -9,11 +9,13 @@ generated from them: benchmark/RESULTS.md for the default --out, else next to th
 Figures are medians of --repeats runs.
 """
 import argparse
+import contextlib
 import json
 import os
 import platform
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,11 +25,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from benchmark import corpus, engines, load, report  # noqa: E402
+from benchmark import corpus, engines, load, peers, report  # noqa: E402
 
 
 SCENARIOS = ("client_batches", "latency", "memory", "concurrency", "tiny_clients", "fairness", "variants", "graphs",
-             "accuracy")
+             "accuracy", "peers")
 
 
 @dataclass
@@ -46,16 +48,19 @@ class Plan:
     variants: bool = True
     sentence_transformers: bool = True
     quantized: bool = True
+    peer_cells: dict = field(default_factory=dict)  # benchmark.peers.cells' arguments
 
 
 SMOKE = Plan(kinds=("short",), batches=(1, 16), texts={"short": 32}, single_requests=4, concurrency=(1, 4),
              concurrency_batch=4, window_s=1.0, repeats=1, probe_requests=10, flood_s=2.0, variants=False,
-             sentence_transformers=False, quantized=False)
+             sentence_transformers=False, quantized=False,
+             peer_cells={"texts": 16, "clients": 2, "batch": 4, "seconds": 1.0, "single": 4})
 
 
 class Suite:
-    def __init__(self, plan, model, infinity, log_dir):
+    def __init__(self, plan, model, infinity, log_dir, peer_python=sys.executable, peer_engines=()):
         self.plan, self.model, self.infinity, self.log_dir = plan, model, infinity, log_dir
+        self.peer_python, self.peer_engines = peer_python, peer_engines
         self.tokens = {kind: _mean_tokens(model, corpus.texts(kind, 256)) for kind in plan.kinds}
 
     def service(self, name, *flags):
@@ -257,6 +262,28 @@ class Suite:
             _progress(rows[-1])
         return rows
 
+    def peers(self):
+        """Our service (fp32, and int8) against in-process peers run by --peer-python (benchmark/peers.py) on
+        the same cells, engines alternated round by round; ratios are taken within a round."""
+        from benchmark import peers
+        cells = peers.cells(**self.plan.peer_cells)
+        tokens = {kind: _mean_tokens(self.model, corpus.texts(kind, 256)) for kind in ("short", "medium", "long")}
+        workdir = Path(tempfile.gettempdir()) / "encoder-server-benchmark-peers" / self.model.name
+        with contextlib.ExitStack() as stack:
+            engines = {}
+            for server in self.served():
+                engine = stack.enter_context(server)
+                engines[engine.name] = lambda request, engine=engine: peers.measure(engine, request)
+            for name in self.peer_engines:
+                try:
+                    peer = stack.enter_context(peers.Peer(self.peer_python, name, self.model, workdir))
+                except RuntimeError as error:  # a peer whose packages are missing is reported, not fatal
+                    print(f"# skipped: {error}", flush=True)
+                    continue
+                engines[peer.name] = peer.measure
+            rows = peers.compare(engines, cells, tokens, self.plan.repeats)
+        return {"rows": rows, "summary": peers.summarize(rows, baseline=report.SERVICE)}
+
 
 
 def _probe(engine, texts, tokens_per_text, seconds=None):
@@ -315,6 +342,10 @@ def main(argv=None):
     parser.add_argument("--only", nargs="+", default=None,
                         choices=SCENARIOS)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--peer-python", default=sys.executable,
+                        help="interpreter of the peers' virtual environment (see benchmark/peers.py)")
+    parser.add_argument("--peer-engines", nargs="*", default=["fastembed", "st-onnx", "st-int8"],
+                        choices=sorted(peers.ENGINES), help="in-process peers for the peers scenario")
     args = parser.parse_args(argv)
 
     from encoder_server.model.model_folder import default_model_path
@@ -323,9 +354,10 @@ def main(argv=None):
         plan.repeats = args.repeats
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    suite = Suite(plan, Path(args.model) if args.model else default_model_path(), args.infinity, out)
+    suite = Suite(plan, Path(args.model) if args.model else default_model_path(), args.infinity, out,
+                  args.peer_python, args.peer_engines)
     chosen = args.only or ["client_batches", "latency", "memory", "concurrency", "tiny_clients", "fairness",
-                           "graphs"] + (
+                           "graphs", "peers"] + (
         ["variants", "accuracy"] if plan.variants else [])
     results = {"machine": _machine(), "smoke": args.smoke,
                "model": suite.model.name if args.model else "all-MiniLM-L6-v2 (bundled)",
