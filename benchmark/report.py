@@ -121,7 +121,7 @@ def _markdown(results, plots, base):
     lines += _variants_table(results.get("variants"))
     lines += _graphs_table(results.get("graphs"))
     lines += _accuracy_table(results.get("accuracy"))
-    lines += _peers_table(results.get("peers"))
+    lines += _peers_table(results.get("peers"), results.get("ceiling"))
     lines += ["## GPU", "", "No GPU was lent to this task, so no GPU figures were measured. The CUDA paths "
               "(`--device cuda`, `--fp16`, ORT's CUDA provider) are written but untested.", ""]
     return "\n".join(lines)
@@ -154,13 +154,10 @@ def _targets(results):
            "≥ 0.85", lambda v: v >= 0.85)
     target("1 short text per request: service overhead at p50, ms", latency and latency["overhead_p50_ms"],
            "≤ 0.5", lambda v: v <= 0.5)
-    two = memory and next(row for row in memory["rows"] if row["workers"] == 2)
-    target("peak RSS of the whole server, 2 workers, MB (PSS in brackets)",
-           two and f"{two['peak_rss_mb']:.0f} ({two['peak_pss_mb']:.0f})", "≤ 450",
-           lambda v: float(v.split()[0]) <= 450)
-    target("peak RSS per extra worker, MB (PSS in brackets)",
-           memory and f"{memory['per_extra_worker_mb']['rss']:.0f} ({memory['per_extra_worker_mb']['pss']:.0f})",
-           "≤ 100", lambda v: float(v.split()[0]) <= 100)
+    default = memory and next(row for row in memory["rows"] if row["server"] == "defaults")
+    target("peak PSS of the whole default server, MB", default and default["peak_pss_mb"], "≤ 350",
+           lambda v: v <= 350)
+    target("peak PSS per extra lane, MB", memory and memory["per_extra_lane_mb"]["pss"], "≤ 60", lambda v: v <= 60)
     tiny = results.get("tiny_clients")
     target("16 clients x 1 text / 1 client x 256 texts", tiny and tiny["ratio"], "≥ 0.6", lambda v: v >= 0.6)
     fair = results.get("fairness")
@@ -213,15 +210,16 @@ def _latency_table(latency):
 def _memory_table(memory):
     if not memory:
         return []
-    extra, host = memory["per_extra_worker_mb"], memory["host_64_cores"]
+    extra, host = memory["per_extra_lane_mb"], memory["host_64_cores"]
     lines = ["## Memory of the whole server", "",
-             "Peak over the server's process group (supervisor, ventilator, sink, workers) while it serves a mixed "
+             "Peak over the server's process group (supervisor, ventilator, sink, worker) while it serves a mixed "
              "workload. RSS counts the pages processes share (libraries, the mapped ONNX weights) once per process; "
-             "PSS splits them between their sharers, so its sum is what the group costs the machine.", "",
-             "| workers | peak RSS MB (sum) | peak PSS MB (sum) |", "|---|---|---|"]
-    lines += [f"| {row['workers']} | {row['peak_rss_mb']} | {row['peak_pss_mb']} |" for row in memory["rows"]]
-    return lines + ["", f"Each extra worker adds {extra['rss']} MB of RSS ({extra['pss']} MB of PSS). On a 64-core "
-                        f"host the default is {host['workers']} workers, about {host['rss_mb']} MB of RSS "
+             "PSS splits them between their sharers, so its sum is what the group costs the machine. The lane rows "
+             "run one thread per lane and no lone session; the default server has both.", "",
+             "| server | peak RSS MB (sum) | peak PSS MB (sum) |", "|---|---|---|"]
+    lines += [f"| {row['server']} | {row['peak_rss_mb']} | {row['peak_pss_mb']} |" for row in memory["rows"]]
+    return lines + ["", f"Each extra lane adds {extra['rss']} MB of RSS ({extra['pss']} MB of PSS). On a 64-core "
+                        f"host the default is {host['lanes']} lanes, about {host['rss_mb']} MB of RSS "
                         f"({host['pss_mb']} MB PSS) in all.", ""]
 
 
@@ -294,18 +292,40 @@ def _graphs_table(rows):
     return lines + [""]
 
 
-def _peers_table(peers):
+def _peers_table(peers, ceiling):
     if not peers:
         return []
     lines = ["## Against in-process peers", "",
              "Each engine on the same cells, engines alternated within each of the rounds; the peers run in-process "
-             "in their own interpreter (`benchmark/peers.py`). Texts/s and latency are medians over the rounds; the "
-             "last column is the median, over the rounds, of the fp32 service's texts/s divided by this engine's.", "",
-             "| cell | engine | texts/s | p50 ms | p95 ms | service fp32 / this |", "|---|---|---|---|---|---|"]
+             "in their own interpreter (`benchmark/peers.py`). Texts/s and latency are medians over the rounds; "
+             "\"service fp32 / this\" is the median, over the rounds, of the fp32 service's texts/s divided by this "
+             "engine's. \"Of the ceiling\" is the share of this CPU's matrix-product throughput on every core "
+             "(int8 engines: the int8 one) that the engine's texts/s amount to.", "",
+             "| cell | engine | texts/s | p50 ms | p95 ms | service fp32 / this | of the ceiling |",
+             "|---|---|---|---|---|---|---|"]
     for row in sorted(peers["summary"], key=lambda row: row["cell"]):
         lines.append(f"| {row['cell']} | {row['engine']} | {row['sentences_per_s']} | {row['p50_ms']} | "
-                     f"{row['p95_ms']} | {row['baseline_over_this'] or '—'} |")
-    return lines + [""]
+                     f"{row['p95_ms']} | {row['baseline_over_this'] or '—'} | {_of_ceiling(row, peers, ceiling)} |")
+    lines += [""]
+    if ceiling:
+        cores = max(ceiling["fp32_gflops"], key=int)
+        lines += ["### The ceiling", "", "ONNX Runtime's matrix product on the model's [tokens, hidden] × [hidden, ffn] "
+                  "shape (`benchmark/ceiling.py`):", "", "| threads | fp32 GFLOP/s | int8 GOP/s |", "|---|---|---|"]
+        lines += [f"| {threads} | {ceiling['fp32_gflops'][threads]} | {ceiling['int8_gops'][threads]} |"
+                  for threads in ceiling["fp32_gflops"]]
+        lines += ["", f"int8 / fp32 on {cores} threads: "
+                      f"{ceiling['int8_gops'][cores] / ceiling['fp32_gflops'][cores]:.2f}.", ""]
+    return lines
+
+
+def _of_ceiling(row, peers, ceiling):
+    from benchmark.ceiling import share
+    if not ceiling:
+        return "—"
+    cores = max(ceiling["fp32_gflops"], key=int)
+    limit = ceiling["int8_gops" if "int8" in row["engine"] else "fp32_gflops"][cores]
+    tokens = peers["mean_tokens"][row["cell"].split(",")[0]]
+    return f"{share(row['sentences_per_s'], tokens, limit, **ceiling['model']):.0%}"
 
 
 def _accuracy_table(rows):

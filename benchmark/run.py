@@ -29,7 +29,7 @@ from benchmark import corpus, engines, load, peers, report  # noqa: E402
 
 
 SCENARIOS = ("client_batches", "latency", "memory", "concurrency", "tiny_clients", "fairness", "variants", "graphs",
-             "accuracy", "peers")
+             "accuracy", "ceiling", "peers")
 
 
 @dataclass
@@ -156,7 +156,7 @@ class Suite:
 
     def latency(self):
         """One short text per request, one after another: the service (defaults) against the same
-        backend in-process on one thread and on every core. A lone text runs on the lone lane, which
+        backend in-process on one thread and on every core. A lone text runs on the lone session, which
         has every core, so the service's overhead is its p50 less the every-core in-process p50."""
         from encoder_server.settings import resolve
         texts = corpus.texts("short", self.plan.single_requests * 4)
@@ -176,15 +176,16 @@ class Suite:
                 "ratio_to_in_process": round(service["sentences_per_s"] / every_core["sentences_per_s"], 3)}
 
     def memory(self):
-        """Peak memory of the whole server's process group with 1, 2 and 3 workers (one thread each)
-        while it serves a mixed workload, and what each extra worker adds."""
+        """Peak memory of the whole server's process group with 1, 2 and 3 lanes of one thread in its
+        worker process while it serves a mixed workload, what each extra lane adds, and the default
+        server's."""
         texts = corpus.texts("medium", self.plan.texts.get("medium", 32)) + corpus.texts("short", 64)
         if "long" in self.plan.kinds:
             texts += corpus.texts("long", 64)
         rows = []
-        for workers in (1, 2, 3):
-            with self.service(f"{workers} worker(s)", "--num-worker", str(workers), "--threads-per-worker", "1") \
-                    as engine:
+        configs = [(f"{lanes} lane(s)", ("--lanes", str(lanes), "--threads-per-worker", "1")) for lanes in (1, 2, 3)]
+        for name, flags in configs + [("defaults", ())]:
+            with self.service(name, *flags) as engine:
                 client = engine.client()
                 try:
                     for _ in range(self.plan.repeats):
@@ -192,23 +193,23 @@ class Suite:
                 finally:
                     client.close()
                 time.sleep(0.5)  # a last sample after the work
-            rows.append({"workers": workers, "peak_rss_mb": engine.peak_rss_mb, "peak_pss_mb": engine.peak_pss_mb})
+            rows.append({"server": name, "peak_rss_mb": engine.peak_rss_mb, "peak_pss_mb": engine.peak_pss_mb})
             _progress(rows[-1])
         units = ("rss", "pss")
         extra = {unit: round((rows[2][f"peak_{unit}_mb"] - rows[0][f"peak_{unit}_mb"]) / 2, 1) for unit in units}
-        base = {unit: round(rows[0][f"peak_{unit}_mb"] - extra[unit], 1) for unit in units}
         from encoder_server.model.cpus import default_workers
         big_host = default_workers(64)
-        return {"rows": rows, "per_extra_worker_mb": extra, "without_workers_mb": base,
-                "host_64_cores": {"workers": big_host,
-                                  **{f"{unit}_mb": round(base[unit] + big_host * extra[unit]) for unit in extra}}}
+        return {"rows": rows, "per_extra_lane_mb": extra,
+                "host_64_cores": {"lanes": big_host, **{f"{unit}_mb": round(rows[0][f"peak_{unit}_mb"] + (
+                    big_host - 1) * extra[unit]) for unit in extra}}}
 
     def variants(self):
         """Configurations one flag away from the defaults, one client sending 256 medium texts."""
         texts = corpus.texts("medium", 512)
-        configs = [("defaults (onnx fp32, 2 workers x 1 thread)", ()),
-                   ("1 worker x 2 threads", ("--num-worker", "1", "--threads-per-worker", "2")),
-                   ("2 workers x 2 threads (oversubscribed)", ("--num-worker", "2", "--threads-per-worker", "2")),
+        configs = [("defaults (onnx fp32, 1 worker of 2 lanes x 1 thread)", ()),
+                   ("1 lane x 2 threads", ("--lanes", "1")),
+                   ("2 worker processes x 1 thread", ("--num-worker", "2")),
+                   ("2 lanes x 2 threads (oversubscribed)", ("--lanes", "2", "--threads-per-worker", "2")),
                    ("torch backend, 2 workers x 1 thread", ("--backend", "torch")),
                    ("int8", ("--quantize", "int8")),
                    ("--max-batch-tokens 8192", ("--max-batch-tokens", "8192")),
@@ -282,7 +283,17 @@ class Suite:
                     continue
                 engines[peer.name] = peer.measure
             rows = peers.compare(engines, cells, tokens, self.plan.repeats)
-        return {"rows": rows, "summary": peers.summarize(rows, baseline=report.SERVICE)}
+        return {"rows": rows, "summary": peers.summarize(rows, baseline=report.SERVICE),
+                "mean_tokens": {kind: round(value, 1) for kind, value in tokens.items()}}
+
+    def ceiling(self):
+        """This CPU's fp32 and int8 matrix-product throughput on the model's shapes (benchmark/ceiling.py)."""
+        from transformers import AutoConfig
+
+        from benchmark import ceiling
+        config = AutoConfig.from_pretrained(str(self.model))
+        shape = {"hidden": config.hidden_size, "ffn": config.intermediate_size, "layers": config.num_hidden_layers}
+        return {"model": shape, **ceiling.measure(shape["hidden"], shape["ffn"])}
 
 
 
@@ -357,7 +368,7 @@ def main(argv=None):
     suite = Suite(plan, Path(args.model) if args.model else default_model_path(), args.infinity, out,
                   args.peer_python, args.peer_engines)
     chosen = args.only or ["client_batches", "latency", "memory", "concurrency", "tiny_clients", "fairness",
-                           "graphs", "peers"] + (
+                           "graphs", "ceiling", "peers"] + (
         ["variants", "accuracy"] if plan.variants else [])
     results = {"machine": _machine(), "smoke": args.smoke,
                "model": suite.model.name if args.model else "all-MiniLM-L6-v2 (bundled)",

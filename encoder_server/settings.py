@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, replace
 
 from encoder_client.protocol import DEFAULT_MAX_REQUEST_MB, DEFAULT_PORT, DEFAULT_PORT_OUT
 
+from .model.backends import default_backend
 from .model.cpus import default_workers, usable_cpus
 from .model.model_folder import ConfigError
 from .model.spec import (COMPUTE, MODEL, SCHEDULING, ModelSpec, check_bounds, choice, choices_of,
@@ -30,8 +31,12 @@ class Settings(ModelSpec):
                                             "all-MiniLM-L6-v2)", action="append")
     show_tokens_to_client: bool = choice(False, MODEL, "allow clients to ask for their WordPiece tokens")
 
-    num_worker: int = choice(None, COMPUTE, "worker processes (default: one per usable CPU, within the cgroup's "
+    num_worker: int = choice(None, COMPUTE, "worker processes (default: 1 for onnx on cpu, which runs its passes "
+                                            "in lanes; for torch on cpu one per usable CPU, within the cgroup's "
                                             "CPU quota, up to 8; 1 on cuda)", minimum=1)
+    lanes: int = choice(None, COMPUTE, "forward passes each worker process runs at once, on threads sharing one "
+                                       "copy of the model (default for onnx on cpu: one per usable CPU up to 8, "
+                                       "shared out among the workers; else 1)", minimum=1)
 
     priority_batch_size: int = choice(16, SCHEDULING, "requests of at most this many texts go to the "
                                                       "high-priority queue, spread over the idle workers", minimum=1)
@@ -118,10 +123,7 @@ def resolve(**choices):
     chosen = Settings(**choices)
     check_bounds(chosen)
     _check_service_bounds(chosen)
-    cuda = chosen.device == "cuda"
-    num_worker = unless_chosen(chosen.num_worker, 1 if cuda else default_workers(usable_cpus()))
-    threads = unless_chosen(chosen.threads_per_worker, 1 if cuda else max(1, usable_cpus() // num_worker))
-    settings = resolve_spec(replace(chosen, num_worker=num_worker, threads_per_worker=threads))
+    settings = resolve_spec(replace(chosen, **_compute_defaults(chosen)))
     settings = replace(
         settings, model_name=tuple(dict.fromkeys((settings.served_name, *(chosen.model_name or ()),
                                                   *CLIENT_DEFAULT_NAMES))),
@@ -129,6 +131,18 @@ def resolve(**choices):
     _check_keys(settings.server_key, settings.authorized_clients)
     _check_worker_port(settings)
     return settings
+
+
+def _compute_defaults(chosen):
+    """Worker processes, lanes per worker and intra-op threads per lane. ONNX Runtime on the CPU runs
+    concurrent passes on one session, so one process holds every lane and one copy of the weights;
+    torch's intra-op threads are per process, so it gets a process per CPU instead."""
+    cpus, cuda = usable_cpus(), chosen.device == "cuda"
+    in_lanes = not cuda and (chosen.backend or default_backend(chosen.device)) == "onnx"
+    num_worker = unless_chosen(chosen.num_worker, 1 if cuda or in_lanes else default_workers(cpus))
+    lanes = unless_chosen(chosen.lanes, max(1, default_workers(cpus) // num_worker) if in_lanes else 1)
+    threads = unless_chosen(chosen.threads_per_worker, 1 if cuda else max(1, cpus // (num_worker * lanes)))
+    return {"num_worker": num_worker, "lanes": lanes, "threads_per_worker": threads}
 
 
 def _check_service_bounds(settings):

@@ -65,8 +65,8 @@ class ModelSpec:
                                           "accuracy check", choices=("int8",))
     min_quant_cosine: float = choice(0.99, COMPUTE, "refuse int8 when its mean row cosine against fp32 on a "
                                                     "built-in sample is lower")
-    threads_per_worker: int = choice(None, COMPUTE, "intra-op threads per worker lane (default: usable CPUs / workers, "
-                                                    "so none are oversubscribed)", minimum=1)
+    threads_per_worker: int = choice(None, COMPUTE, "intra-op threads per lane (default: usable CPUs / (workers x "
+                                                    "lanes), so none are oversubscribed)", minimum=1)
 
     max_batch_size: int = choice(64, SCHEDULING, "larger requests are split into jobs of at most this many texts; "
                                                  "also the row cap of one forward pass", minimum=1)

@@ -61,11 +61,6 @@ class Batch:
                 waits.append(job.queue_wait(now))
         return waits
 
-    @property
-    def alone(self):
-        """Whether every row is of a job the ventilator sent as the only work on the server."""
-        return all(job.job.alone for job, _ in self.rows)
-
     def scatter(self, pooled):
         """Store each row's output in its job; returns the jobs this pass completed."""
         for (job, row), output in zip(self.rows, pooled):

@@ -85,7 +85,6 @@ class Job:
     prompt: str = ""         # prepended to each text
     normalize: bool = False  # L2-normalize each row
     truncate: bool = True    # False: refuse a text longer than the server's max_seq_len
-    alone: bool = False      # the only work on the server when it was sent: it may take every core
 
     def frames(self):
         return [self.KIND, _json(asdict(self))]
@@ -118,7 +117,7 @@ class Ready:
     pid: int
     host: str
     remote: bool = False
-    lone_lane: bool = False  # it can run a job that is alone on every core of the host
+    lanes: int = 1           # forward passes it runs at once
 
     def frames(self):
         return [self.KIND, _json(asdict(self))]

@@ -34,8 +34,8 @@ def join_server(args):
     settings = prepare_model_apart(settings, verbose=settings.verbose)
     endpoints = remote_worker_endpoints(args.connect, config["worker_port"],
                                         curve_keys(args.server_key, args.client_key) if config.get("curve") else None)
-    log.info("joining %s: jobs on %s, results to %s; %d worker(s), %d thread(s) each", args.connect,
-             endpoints.jobs, endpoints.results, settings.num_worker, settings.threads_per_worker)
+    log.info("joining %s: jobs on %s, results to %s; %d worker(s) of %d lane(s), %d thread(s) each", args.connect,
+             endpoints.jobs, endpoints.results, settings.num_worker, settings.lanes, settings.threads_per_worker)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -69,7 +69,7 @@ def worker_settings(config, args):
                        backend=args.backend or (config["backend"] if same_device else None),
                        quantize=config["quantize"] if same_device else None,
                        max_batch_tokens=config["max_batch_tokens"] if same_device else None,
-                       num_worker=args.num_worker, threads_per_worker=args.threads_per_worker,
+                       num_worker=args.num_worker, lanes=args.lanes, threads_per_worker=args.threads_per_worker,
                        verbose=args.verbose, **{name: config[name] for name in _COPIED})
     if settings.num_layers != config["num_layers"]:
         raise ConfigError(f"the server's model has {config['num_layers']} layers, this host's "

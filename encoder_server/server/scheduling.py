@@ -1,12 +1,10 @@
 """The ventilator's pure logic: split requests into jobs, queue them fairly, hand them to workers.
 
-Small requests go to the priority queue, spread over the workers that are idle; one that cannot
-be spread (a single text) on an idle server goes, marked `alone`, to a worker with a lone lane,
-which runs it on every core. Large ones
+Small requests go to the priority queue, spread over the workers that are idle. Large ones
 become mini-jobs in a per-client round-robin queue, so one client's 100k texts cannot starve
-another's 5k. A worker holds at most
-`prefetch_size` bulk jobs and at most `max_batch_size` texts of priority jobs, so a priority job
-always finds room and runs before anything the worker has buffered.
+another's 5k. A worker holds at most `prefetch_size` bulk jobs and at most `max_batch_size` texts
+of priority jobs per lane (the forward passes it runs at once), so a priority job always finds
+room and runs before anything the worker has buffered.
 
 When a worker dies, its unfinished jobs go back to the front of their queue as suspects. A
 suspect runs alone on an idle worker, so a second death pins it down: its request is failed
@@ -20,6 +18,7 @@ from dataclasses import dataclass, replace
 from .messages import Job
 
 MAX_ATTEMPTS = 2  # a job whose worker died this many times fails its request
+MAX_LANES = 64    # the most lanes a worker's READY may claim
 
 
 def split_request(seq, texts, priority_batch_size, max_batch_size, job_ids, priority_pieces=1, **flags):
@@ -90,7 +89,7 @@ class _WorkerLoad:
     texts: int = 0
     suspects: int = 0
     encoded: int = 0  # texts it has finished
-    lone_lane: bool = False  # it runs a job that is alone on every core
+    lanes: int = 1    # forward passes it runs at once
 
 
 @dataclass
@@ -134,9 +133,6 @@ class Dispatcher:
         idle = sum(1 for load in self._workers.values() if load.texts == 0)
         jobs = split_request(seq, texts, self.priority_batch_size, self.max_batch_size,
                              self._job_ids, priority_pieces=idle, **flags)
-        if len(jobs) == 1 and jobs[0].priority and self._all_idle() and \
-                any(load.lone_lane for load in self._workers.values()):
-            jobs = [replace(jobs[0], alone=True)]
         deadline = None if timeout is None else now + timeout
         self._requests[seq] = Admitted(seq, client, len(texts), len(jobs), now, deadline, req_id)
         if req_id is not None:
@@ -241,12 +237,9 @@ class Dispatcher:
 
     # ----- workers -----
 
-    def add_worker(self, worker, lone_lane=False):
-        self._workers.setdefault(worker, _WorkerLoad()).lone_lane = lone_lane
-
-    def _all_idle(self):
-        """Nothing queued and nothing on any worker."""
-        return not (self._priority or self._bulk) and all(load.texts == 0 for load in self._workers.values())
+    def add_worker(self, worker, lanes=1):
+        """`lanes` as the worker says, within 1..MAX_LANES: a worker cannot claim the whole queue."""
+        self._workers.setdefault(worker, _WorkerLoad()).lanes = min(max(1, lanes), MAX_LANES)
 
     def remove_worker(self, worker, crashed=True):
         """Forget a dead worker and queue its unfinished jobs again, at the front. Returns
@@ -292,22 +285,19 @@ class Dispatcher:
     def _next_source(self):
         if self._priority:
             job = self._priority[0]
-            worker = self._worker_for(job, lambda load: load.priority_texts + len(job.texts) <= self.max_batch_size)
+            worker = self._worker_for(job, lambda load: load.priority_texts + len(job.texts)
+                                      <= self.max_batch_size * load.lanes)
             if worker is not None:
                 return self._priority.popleft, worker
         if self._bulk:
             return self._bulk.pop, self._worker_for(self._bulk.peek(),
-                                                    lambda load: load.bulk_jobs < self.prefetch_size)
+                                                    lambda load: load.bulk_jobs < self.prefetch_size * load.lanes)
         return None, None
 
     def _worker_for(self, job, has_room):
         """A suspect job runs alone on an idle worker; other jobs avoid a worker holding one."""
         if self._deaths[job.job_id]:
             return self._least_loaded(lambda load: load.texts == 0)
-        if job.alone:
-            lone = self._least_loaded(lambda load: load.lone_lane and load.texts == 0)
-            if lone is not None:
-                return lone
         return self._least_loaded(lambda load: not load.suspects and has_room(load))
 
     def _least_loaded(self, has_room):

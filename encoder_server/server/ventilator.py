@@ -213,7 +213,7 @@ class Ventilator:
 
     def on_ready(self, worker, message, now):
         self.lose(self.liveness.ready(worker, message, now))
-        self.dispatcher.add_worker(worker, message.lone_lane)
+        self.dispatcher.add_worker(worker, message.lanes)
         self.log.info("%s ready (%d of %d)", worker.decode(errors="replace"), len(self.liveness),
                       self.settings.num_worker)
 

@@ -1,13 +1,17 @@
-"""A worker: it receives jobs, tokenizes them ahead of the model, and runs them in two lanes.
+"""A worker: it receives jobs, tokenizes them ahead of the model, and runs them in lanes.
 
 Threads: `intake` alone uses the `jobs` socket (DEALER to the ventilator): it receives jobs,
 stamps their arrival, sends heartbeats and reports the jobs it dropped or refused; it never tokenizes or
 computes, so neither delays a heartbeat nor skews an arrival time. `prefetch` tokenizes received
 jobs (the Embedder's first stage), drops those whose budget ran out before it reached them and
 refuses those with a text too long for a request that forbids truncation.
-The priority lane runs small requests and the bulk lane split ones, each on its own thread with
-its own `results` PUSH to the sink, so a small request never waits for a bulk pass to finish.
-Their logic is in batching.py; the model is an Embedder (encoder_server.model).
+Each lane is a thread with its own `results` PUSH to the sink that runs one forward pass at a time,
+small requests' rows first; the lanes share the process's Embedder, and so one copy of the weights
+(ONNX Runtime's `run` is thread-safe and releases the GIL). One more lane, the express lane, runs
+small requests only, so that they never wait for bulk passes to finish. A pass that starts while
+no other runs and nothing else waits is alone: when this process has every core of the host, it
+runs on the Embedder's lone session, which has them all. The batching logic is in batching.py;
+the model is an Embedder (encoder_server.model).
 
 A heartbeat carries the metrics recorded since the last one. The worker falls silent, and so is
 replaced, when a stage has been stuck on one step for STALL_LIMIT. When it has not heard the
@@ -34,12 +38,14 @@ from .metrics import Metrics
 from .sockets import POLL_MS, make_socket
 
 STALL_LIMIT = 120.0
+EXPRESS = "express"
 WARMUP_TEXTS = ["warm up the model", "a second, somewhat longer sentence to warm up the model"]
 
 
 class Worker:
     def __init__(self, settings, endpoints, name, log, stop, remote=False, lone_threads=0):
         self.name = name
+        self.lanes = settings.lanes
         self.log = log
         self.stop = stop
         self.endpoints = endpoints
@@ -51,6 +57,7 @@ class Worker:
         self.received = queue.SimpleQueue()  # (job, monotonic arrival), from intake to prefetch
         self.outbox = queue.SimpleQueue()    # Dropped, Refused and Ready messages, for intake to send
         self.buffered = threading.Condition()
+        self.running = 0      # passes running now, under `buffered`
         self.failed = False
         self.busy_since = {}  # stage (prefetch or a lane) -> monotonic start of the step it is on
         self.embedder.warm_up(WARMUP_TEXTS)
@@ -87,7 +94,7 @@ class Worker:
         return jobs
 
     def ready(self):
-        return messages.Ready(os.getpid(), socket.gethostname(), self.remote, self.embedder.lone_backend is not None)
+        return messages.Ready(os.getpid(), socket.gethostname(), self.remote, self.lanes)
 
     def on_message(self, frames, arrived):
         message = messages.decode_or_log(frames, self.log, "the ventilator")
@@ -147,13 +154,14 @@ class Worker:
     # ----- lanes: the model -----
 
     def compute(self, lane):
+        """A lane's loop; `lane` is its name, and EXPRESS takes small requests' rows only."""
         results = make_socket(zmq.Context.instance(), zmq.PUSH, connect=self.endpoints.results,
                               curve_client=self.endpoints.curve)
         try:
             while not self.stop.is_set():
-                batch = self._next_pass(lane)
+                batch, alone = self._next_pass((PRIORITY,) if lane == EXPRESS else (PRIORITY, BULK))
                 if batch is not None:
-                    for done in batch.scatter(self.run_pass(lane, batch)):
+                    for done in batch.scatter(self.run_pass(lane, batch, alone)):
                         part = messages.Part(done.job.seq, done.job.job_id, done.job.offset,
                                              self.embedder.finish(done.result(), done.job.normalize),
                                              done.encoding.tokens, done.encoding.num_tokens, len(done.encoding.truncated))
@@ -163,24 +171,35 @@ class Worker:
         finally:
             results.close(linger=1000)
 
-    def run_pass(self, lane, batch):
+    def run_pass(self, lane, batch, alone):
         for wait in batch.start(time.monotonic()):
             self.metrics.observe("queue_seconds", wait)
         started = self.busy_since[lane] = time.monotonic()
-        pooled = self.embedder.run(batch.inputs, alone=batch.alone)
+        try:
+            pooled = self.embedder.run(batch.inputs, alone=alone)
+        finally:
+            with self.buffered:
+                self.running -= 1
         del self.busy_since[lane]
         self.metrics.record_pass(len(batch.rows), batch.inputs.real_tokens, batch.inputs.padded_tokens,
                                  time.monotonic() - started)
         return pooled
 
-    def _next_pass(self, lane):
+    def _next_pass(self, kinds):
+        """(the next pass of the first of `kinds` that is ready, whether it is alone), or (None, False)
+        when none is ready in a poll interval."""
         with self.buffered:
-            ready = lambda: self.planner.ready(lane, self.batch_wait_s) or self.stop.is_set()  # noqa: E731
+            ready = lambda: next((kind for kind in kinds if self.planner.ready(kind, self.batch_wait_s)),  # noqa: E731
+                                 None)
             # with a batch wait, wake up in time to run rows whose wait is over
             timeout = min(POLL_MS / 1000, self.batch_wait_s or POLL_MS / 1000)
-            if not self.buffered.wait_for(ready, timeout=timeout) or self.stop.is_set():
-                return None
-            return self.planner.next_pass(lane)
+            kind = self.buffered.wait_for(lambda: ready() or self.stop.is_set(), timeout=timeout)
+            if kind in (None, False, True):
+                return None, False
+            batch = self.planner.next_pass(kind)
+            alone = not self.running and not self.planner and self.received.empty()
+            self.running += 1
+            return batch, alone
 
     def fail(self, stage):
         self.log.exception("%s failed; stopping this worker", stage)
@@ -193,21 +212,24 @@ def run_worker(settings, endpoints, index, remote=False, started=None):
     name = f"{socket.gethostname()}/worker-{index}" if remote else f"worker-{index}"
     log, stop = start_child(name, settings.verbose)
     try:
-        lone_threads = lone_lane_threads() if index == 0 and not remote else 0  # one lone lane per host is enough
+        # only a process alone on its host knows when nothing else runs there
+        lone_threads = lone_lane_threads() if settings.num_worker == 1 else 0
         worker = Worker(settings, endpoints, f"{name}:{os.getpid()}", log, stop, remote, lone_threads)
     except Exception as error:
         _report_start(started, " ".join(f"{type(error).__name__}: {error}".split()))
         raise
     _report_start(started, None)
+    lanes = [f"lane-{number}" for number in range(1, settings.lanes)] + [EXPRESS]
     threads = [threading.Thread(target=worker.intake, name="intake", daemon=True),
                threading.Thread(target=worker.prefetch, name="prefetch", daemon=True),
-               threading.Thread(target=worker.compute, args=(PRIORITY,), name="priority", daemon=True)]
+               *(threading.Thread(target=worker.compute, args=(lane,), name=lane, daemon=True) for lane in lanes)]
     for thread in threads:
         thread.start()
-    log.info("serving on %s with %s, %d thread(s) per lane", settings.device, settings.backend,
-             settings.threads_per_worker)
+    log.info("serving on %s with %s: %d lane(s) and the express lane, %d thread(s) per lane%s", settings.device,
+             settings.backend, settings.lanes, settings.threads_per_worker,
+             f", {lone_threads} for a pass alone" if worker.embedder.lone_backend else "")
     try:
-        worker.compute(BULK)
+        worker.compute("lane-0")
     finally:
         stop.set()
         for thread in reversed(threads):

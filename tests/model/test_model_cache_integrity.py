@@ -258,7 +258,7 @@ def test_the_worker_sends_its_start_up_error_in_one_line(monkeypatch):
     monkeypatch.setattr(worker_module, "start_child", lambda name, verbose: (logging.getLogger(name), None))
     pipe = FakePipe()
     with pytest.raises(ValueError):
-        worker_module.run_worker(type("Settings", (), {"verbose": False})(), None, 0, False, pipe)
+        worker_module.run_worker(type("Settings", (), {"verbose": False, "num_worker": 1})(), None, 0, False, pipe)
     assert pipe.said == ["ValueError: bad model file"]
 
 

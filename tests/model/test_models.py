@@ -152,3 +152,23 @@ def test_check_compares_the_service_with_sentence_transformers(encoders, tmp_pat
                                timeout=300, env=env)
     assert different.returncode == 1
     assert "sentence-transformers gives 16 floats per embedding; the server 64" in different.stdout
+
+
+def test_check_with_int8_reports_what_int8_costs_against_sentence_transformers_fp32(encoders, tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    folder = save_sentence_transformer(encoders["bert"], tmp_path / "st")
+    command = [sys.executable, "-m", "encoder_server.cli", "check", "--model", str(folder), "--quantize", "int8",
+               "--min-quant-cosine", "0.5"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(short_tmpdir(tmp_path))}
+    checked = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    figures = re.search(r"int8 against sentence-transformers fp32 over (\d+) texts: min row cosine ([\d.]+), "
+                        r"mean ([\d.]+), top-10 neighbour overlap ([\d.]+): within --min-quant-cosine 0.5",
+                        checked.stdout)
+    assert figures, checked.stdout
+    texts, low, mean, overlap = int(figures[1]), *map(float, figures.groups()[1:])
+    assert texts > 40 and 0.5 <= low <= mean <= 1.0 and 0 < overlap <= 1
+    assert "int8 vs fp32 on" in checked.stderr  # the server it started checked, and so served, int8

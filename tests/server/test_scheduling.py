@@ -4,7 +4,7 @@ import itertools
 import pytest
 
 from encoder_server.server.messages import Job
-from encoder_server.server.scheduling import Dispatcher, FairQueue, split_request
+from encoder_server.server.scheduling import MAX_LANES, Dispatcher, FairQueue, split_request
 
 NOW = 100.0  # the ventilator's monotonic clock, for the tests that do not look at time
 
@@ -279,37 +279,23 @@ def test_unknown_job_id_ignored():
     assert d.job_done(sent[0][1].job_id).seq == 1
 
 
-def test_a_single_text_on_an_idle_server_goes_alone_to_the_lone_lane():
-    d = Dispatcher(priority_batch_size=8, max_batch_size=16, prefetch_size=1)
-    d.add_worker(b"w1")
-    d.add_worker(b"w2", lone_lane=True)
-    d.submit(1, b"A", texts(1), NOW)
-    [(worker, job)] = d.assignments(NOW)
-    assert worker == b"w2" and job.alone
+def test_a_worker_with_lanes_holds_that_many_times_the_bulk_jobs_and_priority_texts():
+    d = Dispatcher(priority_batch_size=4, max_batch_size=4, prefetch_size=2)
+    d.add_worker(b"w1", lanes=3)
+    d.submit(1, b"A", texts(100), NOW)       # 25 bulk jobs of 4
+    assert len(d.assignments(NOW)) == 6      # prefetch_size x lanes
+    for seq in range(2, 6):
+        d.submit(seq, b"B", texts(4), NOW)   # priority jobs of 4 texts: room for 3 x 4 texts
+    assert [job.seq for _, job in d.assignments(NOW)] == [2, 3, 4]
 
 
-def test_nothing_is_alone_while_other_work_is_on_the_server_or_without_a_lone_lane():
-    d = Dispatcher(priority_batch_size=8, max_batch_size=16, prefetch_size=1)
-    d.add_worker(b"w1", lone_lane=True)
-    d.add_worker(b"w2")
-    d.submit(1, b"A", texts(1), NOW)
-    d.submit(2, b"B", texts(1), NOW)  # the first one is still queued: neither is alone afterwards
-    d.submit(3, b"C", texts(2), NOW)  # two texts: spread over the idle workers instead
-    assert [(job.seq, job.alone) for _, job in d.assignments(NOW)] == [(1, True), (2, False), (3, False), (3, False)]
-    plain = Dispatcher(priority_batch_size=8, max_batch_size=16, prefetch_size=1)
-    plain.add_worker(b"w1")
-    plain.submit(1, b"A", texts(1), NOW)
-    assert [job.alone for _, job in plain.assignments(NOW)] == [False]
-
-
-def test_a_lone_job_goes_elsewhere_when_the_lone_lane_is_gone():
-    d = Dispatcher(priority_batch_size=8, max_batch_size=16, prefetch_size=1)
-    d.add_worker(b"w1")
-    d.add_worker(b"w2", lone_lane=True)
-    d.submit(1, b"A", texts(1), NOW)
-    d.remove_worker(b"w2", crashed=False)
-    [(worker, job)] = d.assignments(NOW)
-    assert worker == b"w1"
+def test_a_worker_cannot_claim_more_lanes_than_the_limit():
+    d = Dispatcher(priority_batch_size=4, max_batch_size=4, prefetch_size=1)
+    d.add_worker(b"greedy", lanes=10**9)
+    d.add_worker(b"none", lanes=0)            # still gets work: at least one lane
+    d.submit(1, b"A", texts(4 * (MAX_LANES + 10)), NOW)
+    sent = [worker for worker, _ in d.assignments(NOW)]
+    assert sent.count(b"greedy") == MAX_LANES and sent.count(b"none") == 1
 
 
 def test_add_worker_twice_keeps_its_load():

@@ -16,10 +16,13 @@ from conftest import FAST_HEARTBEATS, FAULTS, free_port, random_texts, running_s
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_kill_9_worker_mid_request_loses_and_duplicates_nothing(tiny_model, tmp_path):
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_kill_9_worker_mid_request_loses_and_duplicates_nothing(tiny_model, tmp_path, lanes):
+    """With several lanes, the killed process held several passes' jobs: all go to the other one."""
     texts = random_texts(5000, seed=21, min_words=5, max_words=30)
     texts[2500] = "!sleep 1"  # holds one worker's intake, so the request is surely in flight at the kill
-    with running_server(tiny_model, "--num-worker", "2", tmp_path=tmp_path, env=FAULTS) as server:
+    with running_server(tiny_model, "--num-worker", "2", "--lanes", str(lanes), tmp_path=tmp_path,
+                        env=FAULTS) as server:
         with server.client() as client:
             undisturbed = client.encode(texts)
             client.encode(texts, blocking=False)
