@@ -309,8 +309,8 @@ def _peers_table(peers, ceiling):
     lines += [""]
     if ceiling:
         cores = max(ceiling["fp32_gflops"], key=int)
-        lines += ["### The ceiling", "", "ONNX Runtime's matrix product on the model's [tokens, hidden] × [hidden, ffn] "
-                  "shape (`benchmark/ceiling.py`):", "", "| threads | fp32 GFLOP/s | int8 GOP/s |", "|---|---|---|"]
+        lines += ["### The ceiling", "", "ONNX Runtime's matrix product on the model's [tokens, hidden] × "
+                  "[hidden, ffn] shape (`benchmark/ceiling.py`):", "", "| threads | fp32 GFLOP/s | int8 GOP/s |", "|---|---|---|"]
         lines += [f"| {threads} | {ceiling['fp32_gflops'][threads]} | {ceiling['int8_gops'][threads]} |"
                   for threads in ceiling["fp32_gflops"]]
         lines += ["", f"int8 / fp32 on {cores} threads: "

@@ -16,6 +16,7 @@ from .model.model_folder import ConfigError
 from .model.spec import (COMPUTE, MODEL, SCHEDULING, ModelSpec, check_bounds, choice, choices_of,
                          resolve_spec, unless_chosen)
 from .security import is_loopback, load_key_pair
+from .server.scheduling import MAX_LANES
 
 NETWORK = "network"
 _PRIVATE = ("host", "onnx_file", "server_key", "authorized_clients", "api_key", "http_host", "encoder_path",
@@ -149,6 +150,8 @@ def _check_service_bounds(settings):
     """The rules that tie two of the service's choices together."""
     if settings.priority_batch_size > settings.max_batch_size:
         raise ConfigError("--priority-batch-size must not exceed --max-batch-size")
+    if settings.lanes is not None and settings.lanes > MAX_LANES:
+        raise ConfigError(f"--lanes must be at most {MAX_LANES}")
     if settings.max_unread_mb is not None and settings.max_unread_mb < settings.max_result_mb:
         raise ConfigError(f"--max-unread-mb {settings.max_unread_mb} is below --max-result-mb "
                           f"{settings.max_result_mb}: a result that large could never be kept for its client")

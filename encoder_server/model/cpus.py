@@ -36,6 +36,14 @@ def lone_lane_threads():
     return min(usable_cpus(), MAX_LONE_THREADS)
 
 
+def has_vnni(cpuinfo="/proc/cpuinfo"):
+    """Whether the CPU has an int8 dot-product instruction (AVX-512 VNNI, AVX-VNNI or AMX). Without
+    one, ONNX Runtime's uint8 x int8 kernel adds pairs of products in 16 bits, which saturate."""
+    flags = next((line.split(":", 1)[1].split() for line in (_read(cpuinfo) or "").splitlines()
+                  if line.startswith("flags")), [])
+    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))
+
+
 def cgroup_cpu_quota(root, proc_cgroup):
     """The tightest CPU quota (in CPUs) on this process's cgroup path, or None without one.
     `proc_cgroup` is the text of /proc/self/cgroup."""

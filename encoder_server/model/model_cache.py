@@ -178,7 +178,7 @@ def _key(spec, precision):
     """<model>-<precision>-<digest of the recipe>-<digest of the exporters' versions>."""
     recipe = {"format": FORMAT, "model": _folder_digest(spec.encoder_path), "precision": precision,
               "head": [[layer.describe(), _folder_digest(layer.folder)] for layer in spec.head],
-              "int8": onnx_export.INT8_RECIPE if precision == "int8" else None,
+              "int8": onnx_export.int8_recipe() if precision == "int8" else None,
               "pooling": [spec.pooling.strategy, list(spec.pooling.layers), spec.num_layers],
               "opset": onnx_export.OPSET, "onnxruntime": _version("onnxruntime")}
     exporters = {tool: _version(tool) for tool in EXPORTERS}

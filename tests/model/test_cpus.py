@@ -67,3 +67,15 @@ def test_usable_cpus_takes_the_quota_rounded_down_and_never_below_one(tmp_path):
 def test_default_workers_stop_growing_past_the_cap():
     assert [default_workers(n) for n in (1, 2, 8)] == [1, 2, 8]
     assert default_workers(64) == MAX_DEFAULT_WORKERS
+
+
+def test_vnni_is_read_from_the_cpu_flags(tmp_path):
+    from encoder_server.model.cpus import has_vnni
+    from encoder_server.model.onnx_export import int8_recipe
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni\n")
+    assert has_vnni(info)
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")
+    assert not has_vnni(info) and not has_vnni(tmp_path / "missing")
+    # without VNNI the uint8 x int8 kernel saturates: weights go unsigned
+    assert int8_recipe(vnni=True)["weight_type"] == "QInt8" and int8_recipe(vnni=False)["weight_type"] == "QUInt8"

@@ -133,6 +133,20 @@ def test_other_settings_pass_through(tmp_path):
     assert resolve(model=str(plain_folder(tmp_path)), num_worker=1).threads_per_worker >= 1
 
 
+@pytest.mark.parametrize("cpus", [1, 2, 6, 64])
+def test_onnx_on_cpu_runs_one_process_of_lanes_and_torch_a_process_per_cpu(tmp_path, monkeypatch, cpus):
+    import encoder_server.settings as settings_module
+    monkeypatch.setattr(settings_module, "usable_cpus", lambda: cpus)
+    model = str(plain_folder(tmp_path))
+    shape = lambda settings: (settings.num_worker, settings.lanes, settings.threads_per_worker)  # noqa: E731
+    lanes = min(cpus, 8)
+    assert shape(resolve(model=model)) == (1, lanes, cpus // lanes)
+    assert shape(resolve(model=model, backend="torch")) == (lanes, 1, cpus // lanes)
+    per_worker = max(1, lanes // 2)
+    assert shape(resolve(model=model, num_worker=2)) == (2, per_worker, max(1, cpus // (2 * per_worker)))
+    assert shape(resolve(model=model, lanes=1)) == (1, 1, cpus)
+
+
 # ----- errors -----
 
 def test_missing_config_json(tmp_path):
@@ -263,6 +277,8 @@ def test_public_config_has_no_path_and_no_host(tmp_path, suffix):
 
 @pytest.mark.parametrize("sizes, message", [
     ({"num_worker": 0}, "--num-worker must be at least 1"),
+    ({"lanes": 0}, "--lanes must be at least 1"),
+    ({"lanes": 65}, "--lanes must be at most 64"),
     ({"prefetch_size": 0}, "--prefetch-size must be at least 1"),
     ({"max_batch_tokens": 0}, "--max-batch-tokens must be at least 1"),
     ({"priority_batch_size": 300, "max_batch_size": 256}, "must not exceed --max-batch-size"),
