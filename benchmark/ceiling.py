@@ -3,9 +3,9 @@ shapes, and the share of it that an engine's throughput uses.
 
 A BERT layer is almost all matrix products: per token, 4·h² (the attention projections) plus
 2·h·ffn (the feed-forward) multiply-adds, and 2·h·seq more for the attention scores and their
-use. The ceiling is measured with ORT's MatMul (fp32) and MatMulInteger (uint8 × int8, the
-kernels dynamic int8 runs on: VNNI where the CPU has it, else AVX2) on a [tokens, h] × [h, ffn]
-product, on one thread and on every core.
+use. The ceiling is measured with ORT's MatMul (fp32) and MatMulInteger (the kernel the served
+int8 runs on: uint8 × int8 where the CPU has VNNI, else uint8 × uint8, see
+onnx_export.int8_recipe) on a [tokens, h] × [h, ffn] product, on one thread and on every core.
 """
 import os
 import time
@@ -42,7 +42,10 @@ def _product(hidden, ffn, int8):
     from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(0)
     if int8:
-        weight = numpy_helper.from_array(rng.integers(-127, 127, (hidden, ffn), dtype=np.int8), "w")
+        from encoder_server.model.onnx_export import int8_recipe
+        signed = int8_recipe()["weight_type"] == "QInt8"
+        weight = numpy_helper.from_array(rng.integers(-127, 127, (hidden, ffn), dtype=np.int8) if signed else
+                                         rng.integers(0, 255, (hidden, ffn), dtype=np.uint8), "w")
         node = helper.make_node("MatMulInteger", ["x", "w"], ["y"])
         x_type, y_type = TensorProto.UINT8, TensorProto.INT32
     else:

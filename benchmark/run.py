@@ -245,21 +245,31 @@ class Suite:
         return graphs.screen(onnx_files(settings)[0], config, passes_by_kind, self.plan.repeats, settings)
 
     def accuracy(self):
-        """Row cosine of each served configuration against sentence-transformers."""
+        """Row cosine and top-10 neighbour overlap of each served configuration, and of
+        sentence-transformers' own int8 export when --peer-python has it, against sentence-transformers."""
         import numpy as np
         from sentence_transformers import SentenceTransformer
 
         from encoder_client import EncoderClient
-        from encoder_server.model.quantization_check import row_cosine
-        texts = corpus.texts("medium", 128) + corpus.texts("long", 64) + corpus.texts("short", 64)
+        from encoder_server.model.quantization_check import neighbour_overlap, row_cosine
+        texts = corpus.texts("medium", 256) + corpus.texts("long", 128) + corpus.texts("short", 128)
         reference = SentenceTransformer(str(self.model), device="cpu").encode(texts, batch_size=32)
-        rows = []
+        embedded = {}
         for name, flags in [("onnx fp32 (default)", ()), ("torch fp32", ("--backend", "torch")),
                             ("onnx int8", ("--quantize", "int8"))]:
             with self.service(name, *flags) as engine:
                 with EncoderClient("127.0.0.1", engine.port, engine.port_out, timeout=600) as client:
-                    cosine = row_cosine(reference, client.encode(texts))
-            rows.append({"engine": name, "min_cosine": float(np.min(cosine)), "mean_cosine": float(np.mean(cosine))})
+                    embedded[name] = client.encode(texts)
+        try:
+            with peers.Peer(self.peer_python, "st-int8", self.model, _peer_workdir(self.model)) as peer:
+                embedded[peer.name] = peer.embed(texts)
+        except RuntimeError as error:
+            print(f"# skipped: {error}", flush=True)
+        rows = []
+        for name, rows_of_engine in embedded.items():
+            cosine = row_cosine(reference, rows_of_engine)
+            rows.append({"engine": name, "min_cosine": float(np.min(cosine)), "mean_cosine": float(np.mean(cosine)),
+                         "top10_overlap": neighbour_overlap(reference, rows_of_engine), "texts": len(texts)})
             _progress(rows[-1])
         return rows
 
@@ -269,7 +279,7 @@ class Suite:
         from benchmark import peers
         cells = peers.cells(**self.plan.peer_cells)
         tokens = {kind: _mean_tokens(self.model, corpus.texts(kind, 256)) for kind in ("short", "medium", "long")}
-        workdir = Path(tempfile.gettempdir()) / "encoder-server-benchmark-peers" / self.model.name
+        workdir = _peer_workdir(self.model)
         with contextlib.ExitStack() as stack:
             engines = {}
             for server in self.served():
@@ -337,6 +347,11 @@ def _note_rss(rows, engine):
 
 def _cores():
     return len(os.sched_getaffinity(0))
+
+
+def _peer_workdir(model):
+    """Where the peers keep their exports of `model` between runs."""
+    return Path(tempfile.gettempdir()) / "encoder-server-benchmark-peers" / model.name
 
 
 def _progress(row):

@@ -126,8 +126,9 @@ class Dispatcher:
 
     def submit(self, seq, client, texts, now, timeout=None, req_id=None, **flags):
         """Queue a request admitted at `now`, whose client waits `timeout` seconds (None: for ever).
-        A small one is spread over the idle workers, so that on a quiet server it runs on every
-        core rather than one."""
+        A small one is spread over the idle worker processes, so that where each has a core or a
+        few (torch, or --num-worker) it runs on all of them; a worker of several lanes has every
+        core for a pass that runs alone."""
         if req_id is not None and self.is_in_flight(client, req_id):
             raise ValueError(f"request {req_id} of {client!r} is already in flight")
         idle = sum(1 for load in self._workers.values() if load.texts == 0)

@@ -8,7 +8,8 @@ refuses those with a text too long for a request that forbids truncation.
 Each lane is a thread with its own `results` PUSH to the sink that runs one forward pass at a time,
 small requests' rows first; the lanes share the process's Embedder, and so one copy of the weights
 (ONNX Runtime's `run` is thread-safe and releases the GIL). One more lane, the express lane, runs
-small requests only, so that they never wait for bulk passes to finish. A pass that starts while
+small requests only, and only while every other lane is on a bulk pass, so that they never wait for
+bulk passes to finish and yet do not oversubscribe the cores otherwise. A pass that starts while
 no other runs and nothing else waits is alone: when this process has every core of the host, it
 runs on the Embedder's lone session, which has them all. The batching logic is in batching.py;
 the model is an Embedder (encoder_server.model).
@@ -23,6 +24,7 @@ import queue
 import socket
 import threading
 import time
+from collections import Counter
 
 import zmq
 
@@ -57,7 +59,7 @@ class Worker:
         self.received = queue.SimpleQueue()  # (job, monotonic arrival), from intake to prefetch
         self.outbox = queue.SimpleQueue()    # Dropped, Refused and Ready messages, for intake to send
         self.buffered = threading.Condition()
-        self.running = 0      # passes running now, under `buffered`
+        self.running = Counter()  # PRIORITY and BULK -> passes of that kind running now, under `buffered`
         self.failed = False
         self.busy_since = {}  # stage (prefetch or a lane) -> monotonic start of the step it is on
         self.embedder.warm_up(WARMUP_TEXTS)
@@ -154,14 +156,14 @@ class Worker:
     # ----- lanes: the model -----
 
     def compute(self, lane):
-        """A lane's loop; `lane` is its name, and EXPRESS takes small requests' rows only."""
+        """A lane's loop; `lane` is its name."""
         results = make_socket(zmq.Context.instance(), zmq.PUSH, connect=self.endpoints.results,
                               curve_client=self.endpoints.curve)
         try:
             while not self.stop.is_set():
-                batch, alone = self._next_pass((PRIORITY,) if lane == EXPRESS else (PRIORITY, BULK))
+                batch, kind, alone = self._next_pass(lane == EXPRESS)
                 if batch is not None:
-                    for done in batch.scatter(self.run_pass(lane, batch, alone)):
+                    for done in batch.scatter(self.run_pass(lane, batch, kind, alone)):
                         part = messages.Part(done.job.seq, done.job.job_id, done.job.offset,
                                              self.embedder.finish(done.result(), done.job.normalize),
                                              done.encoding.tokens, done.encoding.num_tokens, len(done.encoding.truncated))
@@ -171,7 +173,7 @@ class Worker:
         finally:
             results.close(linger=1000)
 
-    def run_pass(self, lane, batch, alone):
+    def run_pass(self, lane, batch, kind, alone):
         for wait in batch.start(time.monotonic()):
             self.metrics.observe("queue_seconds", wait)
         started = self.busy_since[lane] = time.monotonic()
@@ -179,27 +181,34 @@ class Worker:
             pooled = self.embedder.run(batch.inputs, alone=alone)
         finally:
             with self.buffered:
-                self.running -= 1
+                self.running[kind] -= 1
+                self.buffered.notify_all()  # the express lane waits for a lane off bulk work
         del self.busy_since[lane]
         self.metrics.record_pass(len(batch.rows), batch.inputs.real_tokens, batch.inputs.padded_tokens,
                                  time.monotonic() - started)
         return pooled
 
-    def _next_pass(self, kinds):
-        """(the next pass of the first of `kinds` that is ready, whether it is alone), or (None, False)
-        when none is ready in a poll interval."""
+    def _next_pass(self, express=False):
+        """(the next pass, its kind, whether it is alone), or (None, None, False) when there is none
+        to run in a poll interval. A lane takes small requests' rows first, then bulk rows; the
+        express lane takes small requests' rows, only while every other lane runs a bulk pass."""
+        def ready_kind():
+            if express:
+                busy = self.running[BULK] >= self.lanes
+                return PRIORITY if busy and self.planner.ready(PRIORITY, self.batch_wait_s) else None
+            return next((kind for kind in (PRIORITY, BULK) if self.planner.ready(kind, self.batch_wait_s)), None)
+
         with self.buffered:
-            ready = lambda: next((kind for kind in kinds if self.planner.ready(kind, self.batch_wait_s)),  # noqa: E731
-                                 None)
             # with a batch wait, wake up in time to run rows whose wait is over
             timeout = min(POLL_MS / 1000, self.batch_wait_s or POLL_MS / 1000)
-            kind = self.buffered.wait_for(lambda: ready() or self.stop.is_set(), timeout=timeout)
-            if kind in (None, False, True):
-                return None, False
+            if not self.buffered.wait_for(lambda: ready_kind() or self.stop.is_set(), timeout=timeout) \
+                    or self.stop.is_set():
+                return None, None, False
+            kind = ready_kind()
             batch = self.planner.next_pass(kind)
-            alone = not self.running and not self.planner and self.received.empty()
-            self.running += 1
-            return batch, alone
+            alone = not any(self.running.values()) and not self.planner and self.received.empty()
+            self.running[kind] += 1
+            return batch, kind, alone
 
     def fail(self, stage):
         self.log.exception("%s failed; stopping this worker", stage)
