@@ -162,7 +162,7 @@ def _sentence_transformers_torch(model):
 def _sentence_transformers_onnx(model, workdir, int8):
     from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
     folder = _st_onnx_folder(model, workdir)
-    kwargs = {}
+    kwargs = {"model_kwargs": {"file_name": "onnx/model.onnx"}}  # the int8 file may sit beside it
     if int8:
         config = "avx512_vnni" if "avx512_vnni" in Path("/proc/cpuinfo").read_text() else "avx2"
         exported = lambda: sorted(folder.glob(f"onnx/model_q*int8_{config}.onnx"))  # noqa: E731 (quint8 on avx2)

@@ -5,10 +5,10 @@ by `encoder-server worker`, measured in turns.
     python -m benchmark.remote_workers --model DIR --texts 2000 --batch 256 --rounds 3
     python -m benchmark.remote_workers --netns          # the worker in a network namespace (root)
 
-The server runs `--num-worker 1 --threads-per-worker 1 --worker-port P`. Each round measures one
+The server runs `--num-worker 1 --lanes 1 --threads-per-worker 1 --worker-port P`. Each round measures one
 client sending `--texts` medium texts (benchmark/corpus.py) in requests of `--batch`, pipelined
 (`encode_async`, `--in-flight` requests outstanding): first on the server alone, then after a remote
-worker (`--num-worker 1 --threads-per-worker 1`) has joined and the status shows two workers;
+worker (`--num-worker 1 --lanes 1 --threads-per-worker 1`) has joined and the status shows two workers;
 the remote worker is stopped again before the next round. Prints a markdown table of the rounds,
 the medians and their ratio (2.0 would be perfect scaling from one core to two), then a control
 with no service at all: one single-threaded encoder in-process, then two at once, which is what
@@ -192,7 +192,7 @@ def main(argv=None):
         host = namespace.host if namespace else "127.0.0.1"
         port, port_out, worker_port = free_port(host), free_port(host), free_port(host, consecutive=2)
         server = Group([sys.executable, "-m", "encoder_server.cli", "start", *model, "--host", host,
-                        "--port", str(port), "--port-out", str(port_out), "--num-worker", "1",
+                        "--port", str(port), "--port-out", str(port_out), "--num-worker", "1", "--lanes", "1",
                         "--threads-per-worker", "1", "--worker-port", str(worker_port)],
                        workdir / "server.log", env)
         try:
@@ -202,7 +202,7 @@ def main(argv=None):
                 single.append(throughput(host, port, port_out, texts, args.batch, args.in_flight))
                 worker = Group([*prefix, sys.executable, "-m", "encoder_server.cli", "worker", "--connect", host,
                                 "--port", str(port), "--port-out", str(port_out), *model, "--num-worker", "1",
-                                "--threads-per-worker", "1"], workdir / f"worker-{round_}.log", env)
+                                "--lanes", "1", "--threads-per-worker", "1"], workdir / f"worker-{round_}.log", env)
                 try:
                     before = wait_workers(host, port, port_out, 2, worker, "the remote worker")
                     joined.append(throughput(host, port, port_out, texts, args.batch, args.in_flight))

@@ -123,8 +123,8 @@ def _markdown(results, plots, base):
     lines += _graphs_table(results.get("graphs"))
     lines += _accuracy_table(results.get("accuracy"))
     lines += _peers_table(results.get("peers"), results.get("ceiling"))
-    lines += ["## GPU", "", "No GPU was lent to this task, so no GPU figures were measured. The CUDA paths "
-              "(`--device cuda`, `--fp16`, ORT's CUDA provider) are written but untested.", ""]
+    lines += ["## GPU", "", "This suite runs on the CPU. The CUDA paths (`--device cuda`, `--fp16`) have run once, on "
+              "an H200: correct, but slower than they should be (figures in the shared MEASURED.md).", ""]
     return "\n".join(lines)
 
 
@@ -201,7 +201,7 @@ def _latency_table(latency):
         return []
     lines = ["## One text per request", "",
              "Short texts sent one at a time, against the same backend in-process. A lone text runs on the lone "
-             "lane, which has every core, so the service's overhead is its p50 less the in-process p50 on every "
+             "session, which has every core, so the service's overhead is its p50 less the in-process p50 on every "
              "core.", "",
              "| engine | sentences/s | p50 ms | p95 ms | p99 ms |", "|---|---|---|---|---|"]
     lines += [f"| {row['engine']} | {row['sentences_per_s']} | {row['p50_ms']} | {row['p95_ms']} | {row['p99_ms']} |"

@@ -6,9 +6,9 @@ Kubernetes CPU limit set: a container limited to 2 CPUs on a 64-core host sees 6
 A quota of 2.5 CPUs counts as 2. The tightest quota on the way from the process's cgroup up to the
 root applies.
 
-Workers default to one per usable CPU up to MAX_DEFAULT_WORKERS; past that the CPUs are shared out
-as intra-op threads, so memory stays bounded on a large host (each worker holds its own copy of
-the packed weights and its activations).
+Lanes (onnx on cpu) or worker processes (torch) default to one per usable CPU up to
+MAX_DEFAULT_WORKERS; past that the CPUs are shared out as intra-op threads, so memory stays bounded
+on a large host (each lane holds its activations, each process its own copy of the packed weights).
 """
 import math
 import os

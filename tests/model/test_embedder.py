@@ -106,7 +106,7 @@ def test_a_running_servers_supervisor_and_workers_map_no_torch_library(tiny_serv
 
 
 def test_a_lone_pass_on_every_core_gives_the_same_rows(tiny_model):
-    """The lone lane's session (every core) computes what the worker's own session computes."""
+    """The lone session (every core) computes what the lanes' session computes."""
     one_thread = load(str(tiny_model), threads_per_worker=1)
     embedder = Embedder(one_thread.spec, lone_threads=4)
     assert embedder.lone_backend is not None and one_thread.lone_backend is None
