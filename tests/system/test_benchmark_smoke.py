@@ -8,8 +8,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_benchmark_smoke_run_writes_json_plots_and_table(tiny_model, tmp_path):
+    # the peers scenario with the one peer this venv has: sentence-transformers, in an interpreter of its own
     result = subprocess.run([sys.executable, "-m", "benchmark.run", "--smoke", "--model", str(tiny_model),
-                             "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                             "--out", str(tmp_path), "--peer-engines", "st"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     engines = {row["engine"] for row in results["client_batches"]}
@@ -31,3 +33,8 @@ def test_benchmark_smoke_run_writes_json_plots_and_table(tiny_model, tmp_path):
     assert "## Targets" in table and "## Concurrent closed-loop clients" in table and "## ONNX graphs" in table
     assert "## One text per request" in table and "## Memory of the whole server" in table
     assert not list(tmp_path.glob("bench-*.log"))
+    peers = results["peers"]
+    assert {row["engine"] for row in peers["summary"]} == {"service (onnx fp32, defaults)",
+                                                          "sentence-transformers, torch (in-process)"}
+    assert all(row["sentences_per_s"] > 0 for row in peers["rows"]) and len(peers["rows"]) == 2 * 6
+    assert set(results["ceiling"]["fp32_gflops"]) and "## Against in-process peers" in table
