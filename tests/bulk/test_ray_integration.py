@@ -83,7 +83,9 @@ def embed_actor_pids():
 
 
 def test_an_actor_killed_mid_run_loses_and_duplicates_no_row(local_ray, tiny_model):
-    texts = random_texts(6000, seed=13, min_words=20, max_words=40)
+    # enough batches that the killer's scan of the process table (slow on a loaded machine) finds an
+    # actor while one of its tasks runs
+    texts = random_texts(10000, seed=13, min_words=20, max_words=40)
     killed = []
 
     def kill_one_actor_once_running():
@@ -98,7 +100,7 @@ def test_an_actor_killed_mid_run_loses_and_duplicates_no_row(local_ray, tiny_mod
 
     killer = threading.Thread(target=kill_one_actor_once_running)
     killer.start()
-    table, rows = collected(embed_dataset(dataset(texts, blocks=8), model=str(tiny_model), actors=2,
+    table, rows = collected(embed_dataset(dataset(texts, blocks=16), model=str(tiny_model), actors=2,
                                           batch_size=BATCH))
     killer.join()
     assert killed, "no actor was found to kill"
