@@ -22,7 +22,7 @@ measures both against its own monotonic clock from the moment it receives the jo
 """
 import json
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 import numpy as np
 
@@ -87,7 +87,7 @@ class Job:
     truncate: bool = True    # False: refuse a text longer than the server's max_seq_len
 
     def frames(self):
-        return [self.KIND, _json(asdict(self))]
+        return [self.KIND, _json(vars(self))]
 
     @classmethod
     def decode(cls, frames):
@@ -120,7 +120,7 @@ class Ready:
     lanes: int = 1           # forward passes it runs at once
 
     def frames(self):
-        return [self.KIND, _json(asdict(self))]
+        return [self.KIND, _json(vars(self))]
 
     @classmethod
     def decode(cls, frames):
@@ -169,7 +169,7 @@ class Refused:
     code: str = TOO_LARGE
 
     def frames(self):
-        return [self.KIND, _json(asdict(self))]
+        return [self.KIND, _json(vars(self))]
 
     @classmethod
     def decode(cls, frames):
@@ -214,7 +214,7 @@ class BadPart:
     remote: bool
 
     def frames(self):
-        return [self.KIND, _json(asdict(self))]
+        return [self.KIND, _json(vars(self))]
 
     @classmethod
     def decode(cls, frames):
@@ -278,7 +278,7 @@ class Register:
     registration: Registration
 
     def frames(self):
-        header = {"seq": self.seq, **asdict(self.registration)}
+        header = {"seq": self.seq, **vars(self.registration)}
         del header["identity"]
         return [self.KIND, self.registration.identity, _json(header)]
 
