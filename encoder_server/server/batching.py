@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..model.arrays import stack_rows
-from ..model.passes import Encoding, Pass, fitting_prefix
+from ..model.passes import Encoding, Pass, group_sizes
 from .messages import Job
 
 
@@ -145,10 +145,14 @@ class BatchPlanner:
         return _by_length(taken)
 
     def _cut(self, rows):
-        """The longest prefix of length-sorted rows that fits the budgets (at least one row)."""
-        count = fitting_prefix([_length(row) for row in rows[:self.max_batch_size]], self.max_batch_tokens,
-                               self.max_batch_size)
-        return rows[:count], rows[count:]
+        """(the next pass's rows, the rest) from length-sorted rows: of the passes of similar length
+        they make (group_sizes), the one holding the oldest job's row, so that none waits forever."""
+        oldest = min(range(len(rows)), key=lambda index: rows[index][0].arrived)
+        start = 0
+        for size in group_sizes([_length(row) for row in rows], self.max_batch_tokens, self.max_batch_size):
+            if oldest < start + size:
+                return rows[start:start + size], rows[:start] + rows[start + size:]
+            start += size
 
     def _pad(self, rows):
         inputs = Pass.pad([job.ids[row] for job, row in rows], [job.encoding.pooled[row] for job, row in rows],

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from encoder_server.model.arrays import concat_parts, pad_token_axis, stack_rows
-from encoder_server.model.passes import Encoding, cut_by_length, fitting_prefix
+from encoder_server.model.passes import PASS_COST_TOKENS, Encoding, cut_by_length, group_sizes
 from encoder_server.server.batching import BULK, MIN_PADDING, PRIORITY, BatchPlanner, Tokenized
 from encoder_server.server.messages import Job
 
@@ -156,6 +156,17 @@ def test_several_priority_jobs_share_one_pass():
     assert row_lengths(batch) == [3, 5, 6, 8]
     completed = batch.scatter(fake_model(batch))
     assert set(completed) == {a, b}
+
+
+def test_small_requests_of_very_different_lengths_take_separate_passes_oldest_first():
+    planner = BatchPlanner(max_batch_tokens=1024, max_batch_size=64)
+    old_long = make_job([40] * 4, priority=True, job_id=1)
+    new_short = make_job([6] * 8, priority=True, job_id=2)
+    old_long.arrived, new_short.arrived = 1.0, 2.0
+    planner.add(new_short)
+    planner.add(old_long)
+    first, second = all_passes(planner)
+    assert row_lengths(first) == [40] * 4 and row_lengths(second) == [6] * 8  # not 12 rows padded to 40
 
 
 def test_bulk_jobs_run_in_arrival_order():
@@ -387,7 +398,15 @@ def test_cut_by_length_covers_every_row_once_within_budgets(seed, max_tokens, ma
     assert [lengths[i] for group in groups for i in group] == sorted(lengths)
 
 
-def test_fitting_prefix_takes_one_row_even_when_it_alone_is_over_budget():
-    assert fitting_prefix([50, 60], max_tokens=10, max_rows=8) == 1
-    assert fitting_prefix([3, 3, 3, 4], max_tokens=12, max_rows=8) == 3
-    assert fitting_prefix([3, 3, 3, 3], max_tokens=100, max_rows=2) == 2
+def test_group_sizes_take_one_row_even_when_it_alone_is_over_budget():
+    assert group_sizes([50, 60], max_tokens=10, max_rows=8) == [1, 1]
+    assert group_sizes([3, 3, 3, 4], max_tokens=12, max_rows=8) == [3, 1]
+    assert group_sizes([3, 3, 3, 3], max_tokens=100, max_rows=2) == [2, 2]
+
+
+def test_a_pass_stops_growing_where_padding_costs_more_than_another_pass():
+    short, long = 5, 5 + PASS_COST_TOKENS  # padding ten short rows to the long ones: 10 x PASS_COST_TOKENS
+    assert group_sizes([short] * 10 + [long] * 10, max_tokens=1024, max_rows=64) == [10, 10]
+    assert group_sizes([10, 11, 12, 13], max_tokens=1024, max_rows=64) == [4]  # a token more each: one pass
+    lengths = [short, long]  # one row padded by PASS_COST_TOKENS costs no more than a second pass
+    assert group_sizes(lengths, max_tokens=1024, max_rows=64) == [2]
