@@ -1,8 +1,8 @@
 """Test-only faults, inert unless the worker's environment has ENCODER_SERVER_FAULTS=1.
 
 With it, a text starting with "!crash" kills the worker that receives it, as a segfault in the
-model would, and "!sleep SECONDS" holds the thread that tokenizes it for that long: the worker's intake for a
-small request, else its prefetch.
+model would, and "!sleep SECONDS" holds the thread that tokenizes it for that long: the worker's
+intake for a small request, else its prefetch.
 """
 import os
 import signal
