@@ -29,3 +29,13 @@ def default_backend(device):
 def load_backend(spec, **options):
     kind = BACKENDS[spec.backend]
     return getattr(import_module(f".{kind.module}", __package__), kind.class_name)(spec, **options)
+
+
+def load_backends(spec, lone_threads=0):
+    """(backend, lone backend or None): a spec's backend, and with `lone_threads` above its threads per
+    worker, for the onnx backend on cpu, a second session with that many threads for passes alone on
+    the host (it costs the packed weights once more)."""
+    lone = None
+    if lone_threads > spec.threads_per_worker and spec.backend == "onnx" and spec.device == "cpu":
+        lone = load_backend(spec, threads=lone_threads)
+    return load_backend(spec), lone

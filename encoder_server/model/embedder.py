@@ -10,7 +10,7 @@ benchmark's in-process engine, Ray and other in-process users) calls `embed_text
 from encoder_client.validation import check_texts
 
 from .arrays import normalize_rows, pad_token_axis, stack_rows
-from .backends import load_backend
+from .backends import load_backends
 from .passes import plan_passes
 from .tokenizer import Tokenizer
 
@@ -23,17 +23,16 @@ class Embedder:
         host: a lone request then has every core (it costs the packed weights once more)."""
         self.spec = spec
         self.tokenizer = Tokenizer.for_spec(spec)
-        self.backend = load_backend(spec)
-        self.lone_backend = None
-        if lone_threads > spec.threads_per_worker and spec.backend == "onnx" and spec.device == "cpu":
-            self.lone_backend = load_backend(spec, threads=lone_threads)
+        self.backend, self.lone_backend = load_backends(spec, lone_threads)
 
     @property
     def dimension(self):
         """Floats per embedding (per token with token-level pooling)."""
         return self.spec.embedding_dim
 
-    def tokenize(self, texts, is_tokenized=False, with_tokens=False, prompt=""):
+    def tokenize(self, texts, is_tokenized=False, with_tokens=False, prompt="", query=None):
+        if query is not None:
+            raise ValueError("an embedding model takes no query; a reranker does")
         return self.tokenizer.tokenize(texts, is_tokenized, with_tokens, prompt)
 
     def run(self, inputs, alone=False):
@@ -46,7 +45,8 @@ class Embedder:
         return rows
 
     def finish(self, rows, normalize=None):
-        """Rows as served: L2-normalized when `normalize` says so (None: as the model says)."""
+        """Rows as served: L2-normalized when `normalize` says so (None: as the model says). The
+        worker passes a job's `normalize`, a Reranker's `finish` a job's `raw_scores`."""
         return normalize_rows(rows) if (self.spec.normalize if normalize is None else normalize) else rows
 
     def embed_texts(self, texts, prompt=None, normalize=None):

@@ -29,6 +29,7 @@ from filelock import FileLock
 
 from . import onnx_export
 from .model_folder import ConfigError
+from .spec import RERANK
 
 log = logging.getLogger(__name__)
 FORMAT = 3  # 2: a pool_mask input, the model's head inside, no normalization; 3: weights in model.onnx.data
@@ -181,6 +182,8 @@ def _key(spec, precision):
               "int8": onnx_export.int8_recipe() if precision == "int8" else None,
               "pooling": [spec.pooling.strategy, list(spec.pooling.layers), spec.num_layers],
               "opset": onnx_export.OPSET, "onnxruntime": _version("onnxruntime")}
+    if spec.kind == RERANK:  # a scoring graph, not a pooled one (embedders' keys stay as they were)
+        recipe.update(kind=RERANK, pooling=None)
     exporters = {tool: _version(tool) for tool in EXPORTERS}
     return f"{Path(spec.model).name[:60]}-{precision}-{_digest(recipe)}-{_digest(exporters)}"
 

@@ -56,6 +56,8 @@ class ModelInfo:
     head: tuple = ()             # HeadLayers, in order
     prompts: dict = field(default_factory=dict)
     default_prompt_name: str = None
+    classifier_labels: int = None  # a sequence-classification head's outputs (a cross-encoder), else None
+    score_activation: str = None   # the torch.nn class a sentence-transformers CrossEncoder applies to them
 
 
 def default_model_path():
@@ -89,7 +91,26 @@ def inspect_model_folder(path):
                      max_positions=_max_positions(transformer_path, config),
                      st_max_seq_len=st_config.get("max_seq_length"), prompts=prompts,
                      default_prompt_name=model_config.get("default_prompt_name"),
-                     **_stack(path, modules))
+                     **_classifier(config, model_config), **_stack(path, modules))
+
+
+def _classifier(config, model_config):
+    """A sequence-classification head's label count and the activation sentence-transformers'
+    CrossEncoder applies to its scores: the folder's own (config_sentence_transformers.json from
+    v4, config.json's `sentence_transformers` before), else Sigmoid for one label, as CrossEncoder
+    chooses. Empty for a model without such a head."""
+    architectures = config.get("architectures") or []
+    if not any(isinstance(name, str) and name.endswith("ForSequenceClassification") for name in architectures):
+        return {}
+    labels = len(config.get("id2label") or {}) or config.get("num_labels") or 2
+    legacy = config.get("sentence_transformers") if isinstance(config.get("sentence_transformers"), dict) else {}
+    activation = model_config.get("activation_fn") or legacy.get("activation_fn")
+    if activation is None:
+        activation = SIGMOID if labels == 1 else IDENTITY
+    return {"classifier_labels": labels, "score_activation": activation}
+
+
+SIGMOID, IDENTITY = "torch.nn.modules.activation.Sigmoid", "torch.nn.modules.linear.Identity"
 
 
 def _modules(path):

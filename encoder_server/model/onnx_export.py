@@ -15,21 +15,25 @@ OUTPUT_NAME = "embeddings"
 
 
 def export(spec, path):
-    """The pooled encoder as fp32 ONNX with dynamic batch and sequence axes."""
+    """The served torch module (pooled_model.load_model_module) as fp32 ONNX with dynamic batch and
+    sequence axes."""
     import torch
 
-    from .pooled_model import INPUT_NAMES, load_pooled_encoder
+    from .pooled_model import load_model_module
 
-    encoder = load_pooled_encoder(spec, attention="eager")
+    module = load_model_module(spec, attention="eager")
     ids = torch.tensor([[2, 5, 6, 3], [2, 5, 3, 0]], dtype=torch.int64)
-    mask = (ids != 0).to(torch.int64)  # padding in the sample, so the traced graph keeps the mask
-    pooled = torch.tensor([[0, 1, 1, 0], [0, 1, 0, 0]], dtype=torch.int64)
-    axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES}
+    sample = {"input_ids": ids,
+              "attention_mask": (ids != 0).to(torch.int64),  # padding in the sample, so the graph keeps the mask
+              "pool_mask": torch.tensor([[0, 1, 1, 0], [0, 1, 0, 0]], dtype=torch.int64),
+              "token_type_ids": torch.tensor([[0, 0, 1, 1], [0, 0, 1, 0]], dtype=torch.int64)}
+    names = list(module.input_names)
+    axes = {name: {0: "batch", 1: "sequence"} for name in names}
     axes[OUTPUT_NAME] = {0: "batch", 1: "sequence"} if spec.pooling.token_level else {0: "batch"}
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer notes about branches that are constant for encoders
         # the TorchScript exporter: the dynamo one needs onnxscript and its graph optimizes less well
-        torch.onnx.export(encoder, (ids, mask, pooled), str(path), input_names=list(INPUT_NAMES),
+        torch.onnx.export(module, tuple(sample[name] for name in names), str(path), input_names=names,
                           output_names=[OUTPUT_NAME], dynamic_axes=axes, opset_version=OPSET, dynamo=False)
     move_weights_out(path)
 

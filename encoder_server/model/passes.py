@@ -16,6 +16,7 @@ class Encoding:
     pooled: list         # per text, 1 where the token counts in pooling
     tokens: list = None  # WordPiece strings per text, when asked for
     truncated: dict = field(default_factory=dict)  # index -> its token count before truncation
+    type_ids: list = None  # per text, the segment of each token: (query, document) pairs for a reranker
 
     def __len__(self):
         return len(self.ids)
@@ -27,23 +28,34 @@ class Encoding:
 
 @dataclass
 class Pass:
-    """Padded model input: every array is [rows, longest row] int64."""
+    """Padded model input: every array is [rows, longest row] int64. A model takes the arrays it
+    names, by these names."""
     input_ids: np.ndarray
     attention_mask: np.ndarray
-    pool_mask: np.ndarray  # 1 for the tokens that count in pooling
+    pool_mask: np.ndarray       # 1 for the tokens that count in pooling
+    token_type_ids: np.ndarray  # each token's segment: 0, and 1 for a pair's second text
 
     @classmethod
-    def pad(cls, ids, pooled, pad_id=0):
-        """A pass from per-row token ids and pooling masks (no padding in them yet)."""
+    def pad(cls, ids, pooled, pad_id=0, type_ids=None):
+        """A pass from per-row token ids, pooling masks and segments (no padding in them yet)."""
         longest = max(len(row) for row in ids)
         input_ids = np.full((len(ids), longest), pad_id, dtype=np.int64)
         attention = np.zeros((len(ids), longest), dtype=np.int64)
         pool_mask = np.zeros((len(ids), longest), dtype=np.int64)
+        segments = np.zeros((len(ids), longest), dtype=np.int64)
         for i, (row, row_pooled) in enumerate(zip(ids, pooled)):
             input_ids[i, :len(row)] = row
             attention[i, :len(row)] = 1
             pool_mask[i, :len(row)] = row_pooled
-        return cls(input_ids, attention, pool_mask)
+            if type_ids is not None:
+                segments[i, :len(row)] = type_ids[i]
+        return cls(input_ids, attention, pool_mask, segments)
+
+    @classmethod
+    def of(cls, rows, pad_id=0):
+        """A pass from (Encoding, row index) pairs."""
+        return cls.pad([encoding.ids[i] for encoding, i in rows], [encoding.pooled[i] for encoding, i in rows],
+                       pad_id, None if rows[0][0].type_ids is None else [encoding.type_ids[i] for encoding, i in rows])
 
     def __len__(self):
         return len(self.input_ids)
@@ -91,5 +103,5 @@ def cut_by_length(lengths, max_tokens, max_rows):
 
 def plan_passes(encoding, max_tokens, max_rows, pad_id=0):
     """(row indices, Pass) for each pass that an Encoding's rows take, shortest rows first."""
-    return [(group, Pass.pad([encoding.ids[i] for i in group], [encoding.pooled[i] for i in group], pad_id))
+    return [(group, Pass.of([(encoding, i) for i in group], pad_id))
             for group in cut_by_length([len(ids) for ids in encoding.ids], max_tokens, max_rows)]

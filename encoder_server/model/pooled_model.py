@@ -9,6 +9,7 @@ from transformers import AutoModel
 
 from .model_folder import WEIGHT_FILES
 from .pooling import pool
+from .spec import RERANK
 
 log = logging.getLogger(__name__)
 _LAYER_LISTS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")
@@ -17,6 +18,8 @@ INPUT_NAMES = ("input_ids", "attention_mask", "pool_mask")
 
 class PooledEncoder(torch.nn.Module):
     """(input_ids, attention_mask, pool_mask) -> pooled float32 embeddings, through the head."""
+
+    input_names = INPUT_NAMES
 
     def __init__(self, model, layers, strategy, head=()):
         super().__init__()
@@ -76,6 +79,15 @@ def _torch_module(dotted):
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         raise ValueError(f"{dotted} is not a torch.nn module")
     return cls()
+
+
+def load_model_module(spec, attention=None):
+    """The torch module a spec serves: a reranker's scoring model or the pooled encoder; its
+    `input_names` say which of a Pass's arrays it takes, in order."""
+    if spec.kind == RERANK:
+        from .cross_encoder import load_scoring_model
+        return load_scoring_model(spec, attention)
+    return load_pooled_encoder(spec, attention)
 
 
 def load_pooled_encoder(spec, attention=None):

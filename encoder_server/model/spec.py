@@ -17,6 +17,7 @@ from .pooling import MASKABLE, STRATEGIES, PoolingSpec
 
 MODEL, COMPUTE, SCHEDULING = "model and pooling", "compute", "scheduling"
 DEVICES = ("cpu", "cuda")
+EMBED, RERANK = "embed", "rerank"  # the kinds of model served: texts -> vectors, (query, text) pairs -> scores
 DEFAULT_BATCH_TOKENS = {"cpu": 1024, "cuda": 16384}  # chosen by measurement: benchmark/RESULTS.md
 BUNDLED_MODEL_NAME = "all-MiniLM-L6-v2"
 
@@ -42,6 +43,10 @@ class ModelSpec:
                                      "id ORG/NAME, taken from the Hugging Face cache and downloaded when the "
                                      "network allows (default: the bundled all-MiniLM-L6-v2)")
     revision: str = choice(None, MODEL, "branch, tag or commit of a Hugging Face id (default: main)")
+    kind: str = choice(None, MODEL, "embed: texts to vectors; rerank: a cross-encoder's score for each (query, "
+                                    "document) pair (default: rerank for a sequence-classification model with one "
+                                    "label, such as a sentence-transformers CrossEncoder, else embed)",
+                       choices=(EMBED, RERANK))
     pooling_strategy: str = choice(None, MODEL, "how token vectors become one vector (default: the model "
                                                 "folder's sentence-transformers pooling, else mean)",
                                    choices=STRATEGIES)
@@ -85,6 +90,7 @@ class ModelSpec:
     num_layers: int = None
     hidden_size: int = None
     onnx_file: str = None
+    score_activation: str = None  # rerank: the torch.nn class applied to the score (model_folder.ModelInfo)
 
     @property
     def pooling(self):
@@ -92,6 +98,9 @@ class ModelSpec:
 
     @property
     def embedding_dim(self):
+        """Floats per row of a result: one score for a reranker."""
+        if self.kind == RERANK:
+            return 1
         return self.head[-1].out_features if self.head else self.pooling.output_width(self.hidden_size)
 
 
@@ -117,19 +126,44 @@ def resolve_spec(chosen):
         pooling_layer=tuple(chosen.pooling_layer or ([-1] if from_st else [-2])),
         normalize=info.st_normalize if chosen.normalize is None else chosen.normalize,
         pooling_source="sentence-transformers config" if from_st else "bert-as-service defaults",
-        include_prompt=info.st_include_prompt, prompts=dict(info.prompts),
+        include_prompt=info.st_include_prompt, prompts={**info.prompts, **(chosen.prompts or {})},
         default_prompt_name=unless_chosen(chosen.default_prompt_name, info.default_prompt_name),
         max_seq_len=_resolve_max_seq_len(chosen.max_seq_len, info, from_st),
         num_layers=info.num_layers, hidden_size=info.hidden_size,
         backend=chosen.backend or default_backend(device),
         threads_per_worker=unless_chosen(chosen.threads_per_worker, 1 if device == "cuda" else usable_cpus()),
-        max_batch_tokens=unless_chosen(chosen.max_batch_tokens, DEFAULT_BATCH_TOKENS[device]))
+        max_batch_tokens=unless_chosen(chosen.max_batch_tokens, DEFAULT_BATCH_TOKENS[device]),
+        **_kind_of(chosen, info))
     spec = replace(spec, truncate_at=spec.max_seq_len or info.max_positions)
     spec = replace(spec, **_head_and_overrides(spec, info))
     _check_pooling(spec.pooling, info.num_layers)
     _check_prompt_name(spec)
     _check_engine(spec)
     return spec
+
+
+def _kind_of(chosen, info):
+    """The kind served and, for a reranker, its score activation; ConfigError for a model that cannot
+    rerank (no classification head, or one of several labels) or an activation we do not apply."""
+    kind = chosen.kind or (RERANK if info.classifier_labels == 1 else EMBED)
+    if kind == EMBED:
+        return {"kind": kind}
+    if info.classifier_labels is None:
+        raise ConfigError(f"--kind rerank: {info.path} has no sequence-classification head (a cross-encoder's)")
+    if info.classifier_labels != 1:
+        raise ConfigError(f"--kind rerank: {info.path} has {info.classifier_labels} labels; a reranker gives one "
+                          "score per pair")
+    if info.score_activation not in SCORE_ACTIVATIONS:
+        raise ConfigError(f"--model {info.path}: its score activation {info.score_activation} is not one of "
+                          f"{', '.join(SCORE_ACTIVATIONS)}")
+    if chosen.pooling_strategy or chosen.pooling_layer or chosen.normalize or chosen.mask_cls_sep:
+        raise ConfigError("a reranker gives scores, not pooled vectors: drop the pooling choices")
+    return {"kind": kind, "score_activation": info.score_activation}
+
+
+# the activations a sentence-transformers CrossEncoder may declare for one label, applied by rerank_scores
+SCORE_ACTIVATIONS = ("torch.nn.modules.activation.Sigmoid", "torch.nn.modules.linear.Identity",
+                     "torch.nn.modules.activation.Tanh")
 
 
 def locate_model(model, revision=None):

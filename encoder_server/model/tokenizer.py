@@ -27,12 +27,14 @@ MARGIN = 8                   # tokens beyond the limit a prefix must have, so a 
 
 class Tokenizer:
     def __init__(self, model_dir, truncate_at, mask_special=False, include_prompt=True):
+        self.model_dir = model_dir
         self._tokenizer = load_fast_tokenizer(model_dir)
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(truncate_at)
         self._whole = load_fast_tokenizer(model_dir)  # no truncation: to count a text's tokens
         self._whole.no_padding()
         self._whole.no_truncation()
+        self._pairs = None  # for (query, document) pairs: truncates the document alone, made on first use
         self.truncate_at = truncate_at
         self.mask_special = mask_special      # leave [CLS] and [SEP] out of pooling
         self.include_prompt = include_prompt  # whether a prompt's tokens count in pooling
@@ -57,6 +59,26 @@ class Tokenizer:
                   for row in encoded]
         tokens = [row.tokens for row in encoded] if with_tokens else None
         return Encoding(ids, pooled, tokens, self._truncated(texts, ids, is_tokenized))
+
+    def tokenize_pairs(self, query, documents):
+        """(query, document) pairs as an Encoding with each token's segment (type_ids). A pair too long
+        loses the end of its document; a query that leaves no room for any document is a ValueError."""
+        if self._pairs is None:
+            self._pairs = load_fast_tokenizer(self.model_dir)
+            self._pairs.no_padding()
+            self._pairs.enable_truncation(self.truncate_at, strategy="only_second")
+        room = self.truncate_at - self._tokenizer.num_special_tokens_to_add(True)
+        query_tokens = self._count(query, False)
+        if query_tokens >= room:
+            raise ValueError(f"the query has {query_tokens} tokens, and a pair keeps {self.truncate_at} "
+                             "(max_seq_len) with a document's: shorten the query")
+        pairs = [(query, self._bounded(document, False)) for document in documents]
+        encoded = self._pairs.encode_batch(pairs)
+        ids = [row.ids for row in encoded]
+        cut = [i for i, row in enumerate(encoded) if row.overflowing]
+        truncated = {i: len(self._whole.encode(*pairs[i]).ids) for i in cut}
+        return Encoding(ids, [row.attention_mask for row in encoded], None, truncated,
+                        [row.type_ids for row in encoded])
 
     def _bounded(self, item, is_tokenized):
         """`item` (a text, or a list of words), or a prefix of it with the same first `truncate_at`
