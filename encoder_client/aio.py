@@ -15,6 +15,7 @@ from .errors import ConnectionLostError, ServerBusyError, identity_refused, repl
 from .keys import as_identity, curve_keys
 from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, ReplyReader, decode_reply, encode_request, refusal_topic,
                        topic)
+from .rerank import check_rerank, ranked
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
 from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket
@@ -82,7 +83,7 @@ class AsyncEncoderClient:
 
     async def encode(self, texts, *, is_tokenized=False, show_tokens=False, retries=0, **model_options):
         """Embed `texts`: an array with one row per text, or (array, tokens) with show_tokens.
-        `model_options` as EncoderClient.encode: prompt, prompt_name, normalize, truncate."""
+        `model_options` as EncoderClient.encode: prompt, prompt_name, normalize, truncate, model."""
         result = await self.encode_result(texts, is_tokenized=is_tokenized, show_tokens=show_tokens,
                                           retries=retries, **model_options)
         return (result.embeddings, result.tokens) if show_tokens else result.embeddings
@@ -99,6 +100,14 @@ class AsyncEncoderClient:
                 if attempt == retries:
                     raise
                 await asyncio.sleep(retry_pause(attempt))
+
+    async def rerank(self, query, documents, *, top_n=None, return_documents=False, model=None, raw_scores=False,
+                     truncate=None, retries=0):
+        """Score each document against `query`, best first: as EncoderClient.rerank."""
+        check_rerank(query, documents, top_n)
+        result = await self.encode_result(documents, retries=retries, query=query, model=model,
+                                          raw_scores=raw_scores or None, truncate=truncate)
+        return ranked(result.embeddings[:, 0], top_n, documents if return_documents else None)
 
     async def listen(self):
         """Yield (req_id, embeddings) for every result published to this identity, from any sender."""

@@ -13,6 +13,7 @@ from zmq.utils.monitor import recv_monitor_message
 from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
 from .keys import as_identity, curve_keys
 from .progress import PROGRESS_CHUNK, chunks, progress_bar
+from .rerank import check_rerank, ranked
 from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, ReplyReader, decode_reply, encode_request, refusal_topic,
                        topic)
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
@@ -65,8 +66,10 @@ class EncoderClient:
     # ----- public API -----
 
     def encode(self, texts, *, is_tokenized=False, show_tokens=False, blocking=True, retries=0,
-               show_progress=False, prompt=None, prompt_name=None, normalize=None, truncate=None):
+               show_progress=False, prompt=None, prompt_name=None, normalize=None, truncate=None, model=None):
         """Embed `texts`; returns an array with one row per text, or (array, tokens).
+
+        `model` names one of the server's models (None: its default one, the first it serves).
 
         As in sentence-transformers: `prompt` is prepended to each text, or `prompt_name` names one
         of the model's prompts (default: the server's default prompt); `normalize` overrides the
@@ -77,17 +80,37 @@ class EncoderClient:
         sent again (each try waits up to `timeout`); a late reply to an earlier try is discarded.
         With `show_progress`, a long list is sent as pipelined sub-requests under a tqdm bar.
         """
-        options = dict(prompt=prompt, prompt_name=prompt_name, normalize=normalize, truncate=truncate)
+        options = dict(prompt=prompt, prompt_name=prompt_name, normalize=normalize, truncate=truncate, model=model)
         if show_progress:
             if not blocking:
                 raise ValueError("show_progress needs blocking=True")
             return self._encode_pipelined(texts, is_tokenized, show_tokens, retries, options)
+        if not blocking:
+            self._submit(texts, is_tokenized, show_tokens, options)
+            return None
+        return self._result(*self._call(texts, options, retries, is_tokenized, show_tokens))
+
+    def rerank(self, query, documents, *, top_n=None, return_documents=False, model=None, raw_scores=False,
+               truncate=None, retries=0):
+        """Score each document against `query` with a cross-encoder the server serves (`model`: its
+        name; None: the default model, which must then be a reranker). Returns (index, score) pairs,
+        best first, the first `top_n` of them; with `return_documents`, (index, score, document).
+        Scores are as sentence-transformers' CrossEncoder.predict gives them (the model's activation),
+        or the raw logits with `raw_scores`. A pair longer than the model's max_seq_len loses the end
+        of its document (with `truncate=False` it fails the request instead); a query too long to
+        leave room for any document fails it (ServerError). `retries` as encode."""
+        check_rerank(query, documents, top_n)
+        options = dict(query=query, model=model, raw_scores=raw_scores or None, truncate=truncate)
+        reply, _ = self._call(documents, options, retries)
+        return ranked(reply.array[:, 0], top_n, documents if return_documents else None)
+
+    def _call(self, texts, options, retries, is_tokenized=False, show_tokens=False):
+        """Send one request and wait for its reply, (Reply, show_tokens); sent again on a timeout, a
+        lost connection or a busy server while `retries` last."""
         for attempt in range(retries + 1):
             req_id = self._submit(texts, is_tokenized, show_tokens, options)
-            if not blocking:
-                return None
             try:
-                return self._result(*self._wait(req_id))
+                return self._wait(req_id)
             except (TimeoutError, ConnectionLostError, ServerBusyError):
                 if attempt == retries:
                     raise

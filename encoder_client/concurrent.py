@@ -34,6 +34,11 @@ class ConcurrentEncoderClient:
         with self._borrow() as client:
             return client.encode(texts, **kwargs)
 
+    def rerank(self, query, documents, **kwargs):
+        """As EncoderClient.rerank, on a borrowed client."""
+        with self._borrow() as client:
+            return client.rerank(query, documents, **kwargs)
+
     @property
     def server_config(self):
         with self._borrow() as client:

@@ -52,7 +52,8 @@ BAD_REQUEST = "bad_request"  # malformed frames or invalid texts: resending the 
 DRAINING = "draining"        # the server is shutting down: retry against its successor (503)
 FORBIDDEN = "forbidden"      # a command, or an identity, this peer may not use (403)
 RESTARTED = "restarted"      # a process of the server died and was restarted mid-request: resend it (503)
-ERROR_CODES = (BUSY, TOO_LARGE, BAD_REQUEST, DRAINING, FORBIDDEN, RESTARTED)
+NOT_FOUND = "not_found"      # the request names a model the server does not serve (404)
+ERROR_CODES = (BUSY, TOO_LARGE, BAD_REQUEST, DRAINING, FORBIDDEN, RESTARTED, NOT_FOUND)
 
 
 class ProtocolError(ValueError):

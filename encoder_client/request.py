@@ -3,15 +3,17 @@ import json
 import secrets
 
 from .errors import RequestTooLargeError
-from .validation import check_texts, check_unicode
+from .validation import check_not_blank, check_texts, check_unicode
 
 CONNECT_TIMEOUT = 10.0     # the handshake's limit when the client's timeout is None
 HANDSHAKE_INTERVAL = 0.25  # a SHOW_CONFIG is re-sent this often until the server answers
 RETRY_PAUSE = (0.1, 2.0)   # first and longest pause between resends
 
 
-# what an encode request may ask of the model, as sentence-transformers names it, and its type
-MODEL_OPTIONS = {"prompt": str, "prompt_name": str, "normalize": bool, "truncate": bool}
+# what an encode request may ask of the model, as sentence-transformers names it, and its type: `model`
+# names one of the server's models (None: its default), `query` and `raw_scores` are a rerank request's
+MODEL_OPTIONS = {"prompt": str, "prompt_name": str, "normalize": bool, "truncate": bool, "model": str,
+                 "query": str, "raw_scores": bool}
 
 
 def check_model_options(options):
@@ -24,6 +26,8 @@ def check_model_options(options):
             raise TypeError(f"{name} must be a {MODEL_OPTIONS[name].__name__}, got {type(value).__name__}")
         if isinstance(value, str):
             check_unicode(value, name)
+    if "query" in chosen:
+        check_not_blank(chosen["query"], "query")
     return chosen
 
 

@@ -60,6 +60,16 @@ class Texts(TypedDict):
     refused: int
 
 
+class ModelStatus(TypedDict):
+    kind: str                # embed or rerank
+    embedding_dim: int       # floats per row (1: a reranker's score)
+    ready: bool              # its workers are all up
+    workers_alive: int
+    workers_expected: int
+    queue_depth: Dict[str, int]   # its queued jobs: priority, bulk
+    texts_encoded: int
+
+
 class ServerStatus(TypedDict):
     ready: bool                       # every local worker warmed up and heartbeating, and not draining
     workers_alive: int
@@ -80,6 +90,7 @@ class ServerStatus(TypedDict):
     uptime_s: float
     server_version: str
     metrics: Metrics
+    models: Dict[str, ModelStatus]    # each served model by name, the default first
 
 
 class StatusError(ValueError):

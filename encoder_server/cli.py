@@ -37,16 +37,26 @@ def start(args):
 
     log = configure_logging("supervisor", args.verbose)
     settings = resolve(**_start_choices(args))
-    log.info("model %s (%s): %d layers, max_seq_len %s", settings.model_name[0], settings.model, settings.num_layers,
-             settings.max_seq_len)
-    head = "".join(f" + {layer.describe()}" for layer in settings.head)
-    log.info("pooling: %s%s (%s), %d floats per embedding", settings.pooling.describe(), head,
-             settings.pooling_source, settings.embedding_dim)
-    for override in settings.overrides:
-        log.warning("%s", override)
-    log.info("%d worker(s) on %s, %d thread(s) each", settings.num_worker, settings.device,
-             settings.threads_per_worker)
+    for model in settings.served:
+        _log_model(log, model)
     return Supervisor(settings, HTTP_CHILDREN).serve()
+
+
+def _log_model(log, model):
+    names = f" (also {', '.join(model.model_name[1:])})" if len(model.model_name) > 1 else ""
+    log.info("model %s%s: %s, %d layers, max_seq_len %s", model.name, names, model.model, model.num_layers,
+             model.max_seq_len)
+    if model.kind == "rerank":
+        log.info("reranks (query, document) pairs: one score each, through %s",
+                 model.score_activation.rsplit(".", 1)[-1])
+    else:
+        head = "".join(f" + {layer.describe()}" for layer in model.head)
+        log.info("pooling: %s%s (%s), %d floats per embedding", model.pooling.describe(), head, model.pooling_source,
+                 model.embedding_dim)
+    for override in model.overrides:
+        log.warning("%s", override)
+    log.info("%d worker(s) on %s, %d lane(s) of %d thread(s) each", model.num_worker, model.device, model.lanes,
+             model.threads_per_worker)
 
 
 def check(args):

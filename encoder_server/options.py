@@ -44,7 +44,14 @@ def _server_options(commands, name, run):
         group = setting.metadata["group"]
         if group is not None and group not in groups:
             groups[group] = command.add_argument_group(group)
-        _add_choice(groups.get(group, command), setting.name)
+        _add_choice(groups.get(group, command), setting.name, **SEVERAL_MODELS.get(setting.name, {}))
+
+
+# `start` and `check` serve several models when --model is given several times
+SEVERAL_MODELS = {"model": {"action": "append", "help": "a model folder (Hugging Face or sentence-transformers), or "
+                                                        "a Hugging Face id ORG/NAME; given several times, each is "
+                                                        "served, the first by default (default: the bundled "
+                                                        "all-MiniLM-L6-v2)"}}
 
 
 def _client_options(commands, name, run):

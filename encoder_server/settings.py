@@ -15,19 +15,23 @@ from .model.cpus import default_workers, usable_cpus
 from .model.model_folder import ConfigError
 from .model.spec import (COMPUTE, MODEL, SCHEDULING, ModelSpec, check_bounds, choice, choices_of,
                          resolve_spec, unless_chosen)
+from .served_models import check_names, model_entries
 from .security import is_loopback, load_key_pair
 from .server.scheduling import MAX_LANES
 
 NETWORK = "network"
 _PRIVATE = ("host", "onnx_file", "server_key", "authorized_clients", "api_key", "http_host", "encoder_path",
-            "served_name")
+            "served_name", "served", "models", "prompts")
 # the names OpenAI clients send when none is configured (LangChain's and LlamaIndex's default)
 CLIENT_DEFAULT_NAMES = ("text-embedding-ada-002",)
 
 
 @dataclass(frozen=True)
 class Settings(ModelSpec):
-    model_name: tuple = choice(None, MODEL, "another name HTTP clients may call the model by; may be given several "
+    models: str = choice(None, MODEL, "a TOML file of the models to serve, each with its own name(s) and choices "
+                                      "(README: Several models); the options given here are every model's "
+                                      "defaults. Without it, --model may be given several times")
+    model_name: tuple = choice(None, MODEL, "another name clients may call the model by; may be given several "
                                             "times (the served name is the Hugging Face id, the folder's name or "
                                             "all-MiniLM-L6-v2)", action="append")
     show_tokens_to_client: bool = choice(False, MODEL, "allow clients to ask for their WordPiece tokens")
@@ -88,6 +92,8 @@ class Settings(ModelSpec):
     verbose: bool = choice(False, None, "debug logging")
     log_format: str = choice("text", None, "log lines as text, or as one JSON object each", choices=("text", "json"))
 
+    served: tuple = ()  # every served model's Settings, the default (this one) first; resolve() fills it in
+
     @property
     def client_host(self):
         """How a process on this host reaches this server."""
@@ -103,42 +109,68 @@ class Settings(ModelSpec):
                 ports.append((self.http_host or self.host, port))
         return ports
 
+    @property
+    def name(self):
+        """The model's served name: the first of its names."""
+        return self.model_name[0]
+
     def public_config(self):
-        """What SHOW_CONFIG reveals: no file-system paths, no keys, no internal addresses."""
-        config = {name: value for name, value in asdict(self).items() if name not in _PRIVATE}
+        """What SHOW_CONFIG reveals: no file-system paths, no keys, no internal addresses. The top
+        level is the default model's; `models` has one entry per served model."""
+        config = self._model_config()
+        config.update(curve=self.server_key is not None, clients_authenticated=self.authorized_clients is not None,
+                      models=[model._model_config() for model in self.served or (self,)])
+        return config
+
+    def _model_config(self):
+        config = {name: value for name, value in asdict(self, dict_factory=_shallow).items() if name not in _PRIVATE}
         config.update(model=os.path.basename(os.path.normpath(self.model)), pooling_layer=list(self.pooling_layer),
-                      model_name=self.model_name[0], model_names=list(self.model_name),
+                      model_name=self.name, model_names=list(self.model_name), prompt_names=sorted(self.prompts),
                       head=[layer.describe() for layer in self.head], overrides=list(self.overrides),
-                      embedding_dim=self.embedding_dim, curve=self.server_key is not None,
-                      clients_authenticated=self.authorized_clients is not None)
+                      embedding_dim=self.embedding_dim)
         return config
 
 
 CHOICES = choices_of(Settings)
 
 
+def _shallow(items):
+    return {name: value for name, value in items if name != "served"}
+
+
 def resolve(**choices):
     """Settings from the user's choices (Settings' fields, by name); every choice left at None
-    takes the model folder's default, or the service's. ConfigError, one line, for a choice that
-    cannot work."""
+    takes the model folder's default, or the service's. `model` may be a list (several models with
+    these choices) and `models` a models file (served_models). The result is the default model's
+    Settings, with every model's in `served`. ConfigError, one line, for a choice that cannot work."""
+    entries = model_entries(choices.get("model"), choices.get("models"))
+    shared = {name: value for name, value in choices.items() if name != "model"}
+    cpus = max(1, usable_cpus() // len(entries))  # each model's share, so that one's load never slows another
+    served = [_resolve_one({**shared, **entry}, cpus, default=index == 0) for index, entry in enumerate(entries)]
+    check_names(served)
+    _check_keys(served[0].server_key, served[0].authorized_clients)
+    _check_worker_port(served[0])
+    return replace(served[0], served=tuple(served))
+
+
+def _resolve_one(choices, cpus, default):
+    names = choices.pop("names", None)
     chosen = Settings(**choices)
     check_bounds(chosen)
     _check_service_bounds(chosen)
-    settings = resolve_spec(replace(chosen, **_compute_defaults(chosen)))
-    settings = replace(
-        settings, model_name=tuple(dict.fromkeys((settings.served_name, *(chosen.model_name or ()),
-                                                  *CLIENT_DEFAULT_NAMES))),
+    settings = resolve_spec(replace(chosen, **_compute_defaults(chosen, cpus)))
+    aliases = CLIENT_DEFAULT_NAMES if default and settings.kind == "embed" else ()
+    return replace(
+        settings, model_name=tuple(dict.fromkeys((*(names or ()), settings.served_name, *(chosen.model_name or ()),
+                                                  *aliases))),
         max_unread_mb=unless_chosen(chosen.max_unread_mb, 2 * chosen.max_result_mb))
-    _check_keys(settings.server_key, settings.authorized_clients)
-    _check_worker_port(settings)
-    return settings
 
 
-def _compute_defaults(chosen):
-    """Worker processes, lanes per worker and intra-op threads per lane. ONNX Runtime on the CPU runs
-    concurrent passes on one session, so one process holds every lane and one copy of the weights;
-    torch's intra-op threads are per process, so it gets a process per CPU instead."""
-    cpus, cuda = usable_cpus(), chosen.device == "cuda"
+def _compute_defaults(chosen, cpus):
+    """Worker processes, lanes per worker and intra-op threads per lane, on `cpus` cores. ONNX Runtime
+    on the CPU runs concurrent passes on one session, so one process holds every lane and one copy of
+    the weights; torch's intra-op threads are per process, so it gets a process per CPU instead."""
+    cuda = chosen.device == "cuda"
     in_lanes = not cuda and (chosen.backend or default_backend(chosen.device)) == "onnx"
     num_worker = unless_chosen(chosen.num_worker, 1 if cuda or in_lanes else default_workers(cpus))
     lanes = unless_chosen(chosen.lanes, max(1, default_workers(cpus) // num_worker) if in_lanes else 1)

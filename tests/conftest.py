@@ -48,6 +48,40 @@ def build_tiny_bert(folder, seed=0, max_positions=64):
     return folder
 
 
+def build_tiny_cross_encoder(folder, architecture="bert", seed=0, max_positions=64):
+    """A random 2-layer cross-encoder (a one-label sequence-classification head) of `architecture`
+    (bert, or distilbert: no token type ids), saved by sentence-transformers' CrossEncoder."""
+    import torch
+    from sentence_transformers import CrossEncoder
+    from transformers import (BertConfig, BertForSequenceClassification, DistilBertConfig,
+                              DistilBertForSequenceClassification)
+
+    folder = Path(folder)
+    plain = build_tiny_bert(folder.parent / f"{folder.name}-plain")  # its vocabulary and tokenizer
+    vocab_size = len((plain / "vocab.txt").read_text().split())
+    if architecture == "bert":
+        config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=37, max_position_embeddings=max_positions, num_labels=1,
+                            initializer_range=0.2)
+        model_class = BertForSequenceClassification
+    else:
+        config = DistilBertConfig(vocab_size=vocab_size, dim=32, n_layers=2, n_heads=2, hidden_dim=37,
+                                  max_position_embeddings=max_positions, num_labels=1, initializer_range=0.2)
+        model_class = DistilBertForSequenceClassification
+    torch.manual_seed(seed)
+    for name in ("config.json", "model.safetensors"):
+        (plain / name).unlink()
+    model_class(config).eval().save_pretrained(plain)
+    CrossEncoder(str(plain), device="cpu").save_pretrained(str(folder))
+    shutil.rmtree(plain)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(tmp_path_factory):
+    return build_tiny_cross_encoder(tmp_path_factory.mktemp("ce") / "tiny-ce")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def onnx_cache(tmp_path_factory):
     """A private ONNX cache for the session; servers inherit it through the environment."""
@@ -122,7 +156,8 @@ def running_server(model_dir, *flags, tmp_path, ports=None, env=None, client_key
     tmp_path.mkdir(parents=True, exist_ok=True)
     tmpdir = short_tmpdir(tmp_path)
     log_path = tmp_path / f"server-{port}.log"
-    command = [sys.executable, "-m", "encoder_server.cli", "start", "--model", str(model_dir),
+    model = ["--model", str(model_dir)] if model_dir is not None else []  # None: the flags name the models
+    command = [sys.executable, "-m", "encoder_server.cli", "start", *model,
                "--port", str(port), "--port-out", str(port_out), *flags]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -210,6 +245,37 @@ def small_queue_server(tiny_model, tmp_path_factory):
     with running_server(tiny_model, "--num-worker", "1", "--max-pending-texts", "2000",
                         tmp_path=tmp_path_factory.mktemp("small-queue")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def several_models_server(tiny_model, tiny_cross_encoder, tmp_path_factory):
+    """One server of two models from a models file: `embedder` (tiny_model, the default) and
+    `reranker` (tiny_cross_encoder), with its HTTP gateway on `server.http_url`."""
+    folder = tmp_path_factory.mktemp("several-models")
+    (folder / "models.toml").write_text(f"""
+[[models]]
+names = ["embedder", "queries"]
+model = "{tiny_model}"
+
+[[models]]
+name = "reranker"
+model = "{tiny_cross_encoder}"
+max_batch_size = 16
+""")
+    http_port = free_port()
+    with running_server(None, "--models", str(folder / "models.toml"), "--num-worker", "1", "--http-port",
+                        str(http_port), "--http-host", "127.0.0.1", tmp_path=folder) as server:
+        server.http_url = f"http://127.0.0.1:{http_port}"
+        wait_for(lambda: _http_ready(server.http_url), timeout=60)
+        yield server
+
+
+def _http_ready(url):
+    import httpx
+    try:
+        return httpx.get(url + "/ready", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.fixture(scope="session")

@@ -155,8 +155,7 @@ class BatchPlanner:
             start += size
 
     def _pad(self, rows):
-        inputs = Pass.pad([job.ids[row] for job, row in rows], [job.encoding.pooled[row] for job, row in rows],
-                          self.pad_id)
+        inputs = Pass.of([(job.encoding, row) for job, row in rows], self.pad_id)
         return Batch(rows, inputs)
 
 

@@ -5,8 +5,8 @@ Anything wrong raises ProtocolError with a message for the client.
 import re
 from dataclasses import dataclass
 
-from encoder_client.protocol import STREAMED_SINCE, TOO_LARGE, ProtocolError, decode_texts
-from encoder_client.request import check_model_options
+from encoder_client.protocol import NOT_FOUND, STREAMED_SINCE, TOO_LARGE, ProtocolError, decode_texts
+from encoder_client.request import MODEL_OPTIONS, check_model_options
 from encoder_client.validation import check_texts, looks_tokenized
 
 MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # a week: past it, a client means "no limit" (send none)
@@ -83,10 +83,41 @@ def check_result_size(request, settings):
                             "the request", request.identity, request.req_id, TOO_LARGE)
 
 
+def served_model(request, served):
+    """(index, Settings) of the model that an EncodeRequest names among `served`; one that names
+    none goes to the default model (the first), or with a query to the first reranker.
+    ProtocolError (not_found) for a name no model has, and for a query to an embedding model or
+    texts without one to a reranker."""
+    name, reranking = (request.options or {}).get("model"), (request.options or {}).get("query") is not None
+    if name is None:
+        index = next((i for i, model in enumerate(served) if model.kind == "rerank"), 0) if reranking else 0
+    else:
+        index = next((i for i, model in enumerate(served) if name in model.model_name), None)
+    if index is None:
+        names = ", ".join(model.name for model in served)
+        raise ProtocolError(f"model {name[:100]!r} is not served here; the models are: {names}", request.identity,
+                            request.req_id, NOT_FOUND)
+    model = served[index]
+    if reranking != (model.kind == "rerank"):
+        wanted = "a query and documents to rerank" if model.kind == "rerank" else "texts to embed"
+        raise ProtocolError(f"model {model.name!r} is a{' reranker' if model.kind == 'rerank' else 'n embedder'}: "
+                            f"send it {wanted}", request.identity, request.req_id)
+    if reranking and (request.is_tokenized or request.with_tokens):
+        raise ProtocolError("a rerank request takes texts, not word lists, and gives no tokens", request.identity,
+                            request.req_id)
+    return index, model
+
+
 def model_choices(request, settings):
-    """The Job fields (prompt, normalize, truncate) for an EncodeRequest on a server with `settings`:
-    the request's options, else the server's defaults. ProtocolError for an unknown prompt name."""
+    """The Job fields (prompt, normalize, truncate; a reranker's query and raw_scores) for an
+    EncodeRequest to a model with `settings`: the request's options, else the model's defaults.
+    ProtocolError for an unknown prompt name."""
     options = request.options or {}
+    if settings.kind == "rerank":
+        if options.get("prompt") or options.get("prompt_name") or options.get("normalize"):
+            raise ProtocolError("a rerank request takes no prompt or normalize", request.identity, request.req_id)
+        return {"query": options["query"], "raw_scores": options.get("raw_scores", False),
+                "truncate": options.get("truncate", True)}
     prompt = options.get("prompt")
     if prompt is None and options.get("prompt_name") is not None:
         prompt = settings.prompts.get(options["prompt_name"])
@@ -104,7 +135,7 @@ def model_choices(request, settings):
 
 
 def _model_options(request):
-    model_options = {name: request.options.get(name) for name in ("prompt", "prompt_name", "normalize", "truncate")}
+    model_options = {name: request.options.get(name) for name in MODEL_OPTIONS}
     try:
         return check_model_options(model_options)
     except (TypeError, ValueError) as error:

@@ -85,6 +85,8 @@ class Job:
     prompt: str = ""         # prepended to each text
     normalize: bool = False  # L2-normalize each row
     truncate: bool = True    # False: refuse a text longer than the server's max_seq_len
+    query: str = None        # a reranker's: the texts are documents, each scored against it
+    raw_scores: bool = False # a reranker's: scores without the model's activation
 
     def frames(self):
         return [self.KIND, _json(vars(self))]
@@ -118,6 +120,7 @@ class Ready:
     host: str
     remote: bool = False
     lanes: int = 1           # forward passes it runs at once
+    model: str = None        # the name of the model it serves (None: the default model)
 
     def frames(self):
         return [self.KIND, _json(vars(self))]
@@ -269,6 +272,7 @@ class Registration:
     rows: int
     with_tokens: bool = False
     streamed: bool = False  # its client takes a large result in chunks
+    width: int = None       # floats per row (per token) of its model's parts (None: not checked)
 
 
 @_kind(b"REGISTER")

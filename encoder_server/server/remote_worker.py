@@ -39,7 +39,7 @@ def join_server(args):
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    pool = WorkerPool(multiprocessing.get_context("spawn"), settings, endpoints, settings.num_worker, remote=True)
+    pool = WorkerPool(multiprocessing.get_context("spawn"), [settings], endpoints, remote=True)
     try:
         while not stop.is_set():
             wait(pool.sentinels, timeout=WATCH_INTERVAL)
@@ -70,7 +70,8 @@ def worker_settings(config, args):
                        quantize=config["quantize"] if same_device else None,
                        max_batch_tokens=config["max_batch_tokens"] if same_device else None,
                        num_worker=args.num_worker, lanes=args.lanes, threads_per_worker=args.threads_per_worker,
-                       verbose=args.verbose, **{name: config[name] for name in _COPIED})
+                       verbose=args.verbose, names=[config["model_name"]],  # serve the server's default model
+                       **{name: config[name] for name in _COPIED})
     if settings.num_layers != config["num_layers"]:
         raise ConfigError(f"the server's model has {config['num_layers']} layers, this host's "
                           f"{settings.num_layers}: pass --model with a copy of the served model")

@@ -1,8 +1,9 @@
 """The ventilator's pure logic: split requests into jobs, queue them fairly, hand them to workers.
 
-Small requests go to the priority queue, spread over the workers that are idle. Large ones
-become mini-jobs in a per-client round-robin queue, so one client's 100k texts cannot starve
-another's 5k. A worker holds at most `prefetch_size` bulk jobs and at most `max_batch_size` texts
+Each served model has its own queues and its own workers, and a job only ever goes to a worker of
+its request's model, so a flood on one model never delays another's. Within a model, small
+requests go to the priority queue, spread over the workers that are idle. Large ones become
+mini-jobs in a per-client round-robin queue, so one client's 100k texts cannot starve another's 5k. A worker holds at most `prefetch_size` bulk jobs and at most `max_batch_size` texts
 of priority jobs per lane (the forward passes it runs at once), so a priority job always finds
 room and runs before anything the worker has buffered.
 
@@ -90,6 +91,7 @@ class _WorkerLoad:
     suspects: int = 0
     encoded: int = 0  # texts it has finished
     lanes: int = 1    # forward passes it runs at once
+    model: int = 0    # the index of the model it serves
 
 
 @dataclass
@@ -102,6 +104,7 @@ class Admitted:
     admitted: float
     deadline: float = None  # when its client stops waiting
     req_id: int = None      # the client's own number for it
+    model: int = 0          # the index of the model it asks for
 
 
 class Dispatcher:
@@ -109,8 +112,8 @@ class Dispatcher:
         self.priority_batch_size = priority_batch_size
         self.max_batch_size = max_batch_size
         self.prefetch_size = prefetch_size
-        self._priority = deque()
-        self._bulk = FairQueue()
+        self._priority = {}         # model -> deque of priority jobs
+        self._bulk = {}             # model -> FairQueue of bulk jobs
         self._workers = {}
         self._assigned = {}         # job_id -> (worker, job)
         self._requests = {}         # seq -> Admitted, for requests in flight
@@ -121,21 +124,22 @@ class Dispatcher:
         self._job_ids = itertools.count(first_job_id)
         self.pending_texts = 0      # texts of the requests in flight
         self.texts_encoded = 0
+        self.texts_encoded_by_model = Counter()
 
     # ----- requests -----
 
-    def submit(self, seq, client, texts, now, timeout=None, req_id=None, **flags):
-        """Queue a request admitted at `now`, whose client waits `timeout` seconds (None: for ever).
-        A small one is spread over the idle worker processes, so that where each has a core or a
-        few (torch, or --num-worker) it runs on all of them; a worker of several lanes has every
-        core for a pass that runs alone."""
+    def submit(self, seq, client, texts, now, timeout=None, req_id=None, model=0, **flags):
+        """Queue a request for `model` (an index) admitted at `now`, whose client waits `timeout`
+        seconds (None: for ever). A small one is spread over the model's idle worker processes, so
+        that where each has a core or a few (torch, or --num-worker) it runs on all of them; a
+        worker of several lanes has every core for a pass that runs alone."""
         if req_id is not None and self.is_in_flight(client, req_id):
             raise ValueError(f"request {req_id} of {client!r} is already in flight")
-        idle = sum(1 for load in self._workers.values() if load.texts == 0)
+        idle = sum(1 for load in self._workers.values() if load.texts == 0 and load.model == model)
         jobs = split_request(seq, texts, self.priority_batch_size, self.max_batch_size,
                              self._job_ids, priority_pieces=idle, **flags)
         deadline = None if timeout is None else now + timeout
-        self._requests[seq] = Admitted(seq, client, len(texts), len(jobs), now, deadline, req_id)
+        self._requests[seq] = Admitted(seq, client, len(texts), len(jobs), now, deadline, req_id, model)
         if req_id is not None:
             self._by_client_id[client, req_id] = seq
         self._of_client.setdefault(client, set()).add(seq)
@@ -154,6 +158,7 @@ class Dispatcher:
         self._deaths.pop(job_id, None)
         self._workers[worker].encoded += len(job.texts)
         self.texts_encoded += len(job.texts)
+        self.texts_encoded_by_model[self._workers[worker].model] += len(job.texts)
         request = self._requests.get(job.seq)
         if request is None:
             return None  # cancelled meanwhile
@@ -178,9 +183,10 @@ class Dispatcher:
         if request is None:
             return None
         self._forget(seq)
-        dropped = [job for job in self._priority if job.seq == seq] + self._bulk.remove(request.client, seq)
+        priority, bulk = self._queues(request.model)
+        dropped = [job for job in priority if job.seq == seq] + bulk.remove(request.client, seq)
         if any(job.priority for job in dropped):
-            self._priority = deque(job for job in self._priority if job.seq != seq)
+            self._priority[request.model] = deque(job for job in priority if job.seq != seq)
         for job in dropped:
             self._deaths.pop(job.job_id, None)
         return sum(len(job.texts) for job in dropped)
@@ -221,11 +227,19 @@ class Dispatcher:
             del self._of_client[request.client]
         self.pending_texts -= request.texts
 
+    def _queues(self, model):
+        """(priority deque, bulk FairQueue) of a model, made on first use."""
+        if model not in self._priority:
+            self._priority[model], self._bulk[model] = deque(), FairQueue()
+        return self._priority[model], self._bulk[model]
+
     def _enqueue(self, job, front=False):
+        request = self._requests[job.seq]
+        priority, bulk = self._queues(request.model)
         if job.priority:
-            (self._priority.appendleft if front else self._priority.append)(job)
+            (priority.appendleft if front else priority.append)(job)
         else:
-            self._bulk.push(self._requests[job.seq].client, job, front)
+            bulk.push(request.client, job, front)
 
     def release_assigned(self):
         """Count every job sent to a worker as finished. For when the sink died: the parts it held
@@ -238,9 +252,11 @@ class Dispatcher:
 
     # ----- workers -----
 
-    def add_worker(self, worker, lanes=1):
-        """`lanes` as the worker says, within 1..MAX_LANES: a worker cannot claim the whole queue."""
-        self._workers.setdefault(worker, _WorkerLoad()).lanes = min(max(1, lanes), MAX_LANES)
+    def add_worker(self, worker, lanes=1, model=0):
+        """A worker of `model` (an index); `lanes` as it says, within 1..MAX_LANES: a worker cannot
+        claim the whole queue."""
+        load = self._workers.setdefault(worker, _WorkerLoad(model=model))
+        load.lanes, load.model = min(max(1, lanes), MAX_LANES), model
 
     def remove_worker(self, worker, crashed=True):
         """Forget a dead worker and queue its unfinished jobs again, at the front. Returns
@@ -268,14 +284,15 @@ class Dispatcher:
         """(worker, job) pairs that can be sent at `now`, highest priority first, each job
         stamped with its request's remaining budget and the time it has waited."""
         sent = []
-        while self._priority or self._bulk:
-            queue_pop, worker = self._next_source()
-            if worker is None:
-                break
-            job = queue_pop()
-            self._assigned[job.job_id] = (worker, job)
-            self._load(worker, job, +1)
-            sent.append((worker, self._stamped(job, now)))
+        for model in self._priority:
+            while self._priority[model] or self._bulk[model]:
+                queue_pop, worker = self._next_source(model)
+                if worker is None:
+                    break
+                job = queue_pop()
+                self._assigned[job.job_id] = (worker, job)
+                self._load(worker, job, +1)
+                sent.append((worker, self._stamped(job, now)))
         return sent
 
     def _stamped(self, job, now):
@@ -283,26 +300,29 @@ class Dispatcher:
         budget = None if request.deadline is None else max(0.0, (request.deadline - now) * 1000)
         return replace(job, budget_ms=budget, waited_ms=max(0.0, (now - request.admitted) * 1000))
 
-    def _next_source(self):
-        if self._priority:
-            job = self._priority[0]
-            worker = self._worker_for(job, lambda load: load.priority_texts + len(job.texts)
+    def _next_source(self, model):
+        priority, bulk = self._priority[model], self._bulk[model]
+        if priority:
+            job = priority[0]
+            worker = self._worker_for(job, model, lambda load: load.priority_texts + len(job.texts)
                                       <= self.max_batch_size * load.lanes)
             if worker is not None:
-                return self._priority.popleft, worker
-        if self._bulk:
-            return self._bulk.pop, self._worker_for(self._bulk.peek(),
-                                                    lambda load: load.bulk_jobs < self.prefetch_size * load.lanes)
+                return priority.popleft, worker
+        if bulk:
+            return bulk.pop, self._worker_for(bulk.peek(), model,
+                                              lambda load: load.bulk_jobs < self.prefetch_size * load.lanes)
         return None, None
 
-    def _worker_for(self, job, has_room):
-        """A suspect job runs alone on an idle worker; other jobs avoid a worker holding one."""
+    def _worker_for(self, job, model, has_room):
+        """A worker of `model`: a suspect job runs alone on an idle one; other jobs avoid one holding a
+        suspect."""
         if self._deaths[job.job_id]:
-            return self._least_loaded(lambda load: load.texts == 0)
-        return self._least_loaded(lambda load: not load.suspects and has_room(load))
+            return self._least_loaded(model, lambda load: load.texts == 0)
+        return self._least_loaded(model, lambda load: not load.suspects and has_room(load))
 
-    def _least_loaded(self, has_room):
-        candidates = [(load.texts, worker) for worker, load in self._workers.items() if has_room(load)]
+    def _least_loaded(self, model, has_room):
+        candidates = [(load.texts, worker) for worker, load in self._workers.items()
+                      if load.model == model and has_room(load)]
         return min(candidates)[1] if candidates else None
 
     def _load(self, worker, job, sign):
@@ -329,5 +349,14 @@ class Dispatcher:
     def worker_texts_encoded(self):
         return {worker.decode(errors="replace"): load.encoded for worker, load in self._workers.items()}
 
-    def queue_depths(self):
-        return {"priority": len(self._priority), "bulk": len(self._bulk), "bulk_clients": self._bulk.clients}
+    def queue_depths(self, model=None):
+        """Queued jobs, of one model or of all."""
+        models = self._priority if model is None else [model] if model in self._priority else []
+        return {"priority": sum(len(self._priority[m]) for m in models),
+                "bulk": sum(len(self._bulk[m]) for m in models),
+                "bulk_clients": sum(self._bulk[m].clients for m in models)}
+
+    def workers_of(self, model):
+        """{worker name: texts it holds} of a model's workers."""
+        return {worker.decode(errors="replace"): load.texts for worker, load in self._workers.items()
+                if load.model == model}

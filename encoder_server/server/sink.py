@@ -41,6 +41,9 @@ class Sink:
     def __init__(self, settings, addresses, log):
         self.log = log
         self.settings = settings
+        # (rank, width) of the parts each served model's workers send
+        self.shapes = {(3 if model.pooling.token_level else 2, model.embedding_dim)
+                       for model in settings.served or (settings,)}
         self.assembler = Assembler()
         self.subscriptions = Subscriptions()
         unread_bytes = settings.max_unread_mb << 20
@@ -149,11 +152,11 @@ class Sink:
         self.publish_result(completed)
 
     def check_shape(self, array):
-        """PartError unless `array` holds rows of this server's model: [rows, dim], or [rows, seq, dim]."""
-        rank = 3 if self.settings.pooling.token_level else 2
-        if array.ndim != rank or array.shape[-1] != self.settings.embedding_dim:
-            raise PartError(f"a part of shape {list(array.shape)} is not rows of {self.settings.embedding_dim} "
-                            f"values{' per token' if rank == 3 else ''}")
+        """PartError unless `array` holds rows of one of this server's models: [rows, dim], or [rows,
+        seq, dim] (the assembler checks the width of its request's model once it is registered)."""
+        if (array.ndim, array.shape[-1] if array.ndim else None) not in self.shapes:
+            served = " or ".join(f"{width} values{' per token' if rank == 3 else ''}" for rank, width in self.shapes)
+            raise PartError(f"a part of shape {list(array.shape)} is not rows of {served}")
 
     def on_message(self, frames, sender, expected):
         """A message from `sender`, which may send the `expected` kinds. Anything else, and what

@@ -24,6 +24,7 @@ import socket
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from multiprocessing.connection import wait
 from pathlib import Path
 
@@ -60,6 +61,12 @@ def _alive(pid):
     except PermissionError:
         pass  # someone else's
     return True
+
+
+def prepare_models(settings):
+    """`settings` with every served model prepared (model.prepare: its ONNX file built or found)."""
+    served = tuple(prepare_model_apart(model, verbose=settings.verbose) for model in settings.served or (settings,))
+    return replace(served[0], served=served)
 
 
 def check_port_free(host, port):
@@ -101,7 +108,7 @@ class Supervisor:
         for host, port in self.settings.listening():
             check_port_free(host, port)
         check_run_dir_fits()
-        self.settings = prepare_model_apart(self.settings, verbose=self.settings.verbose)
+        self.settings = prepare_models(self.settings)
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: self.stop_requested.set())
         remove_stale_run_dirs()
@@ -124,7 +131,7 @@ class Supervisor:
         self.start_sink()
         curve = own_client_keys(self.settings) if workers_use_curve(self.settings) else None
         endpoints = WorkerEndpoints(self.addresses.backend, self.addresses.sink, curve)
-        self.pool = WorkerPool(self.spawn, self.settings, endpoints, self.settings.num_worker)
+        self.pool = WorkerPool(self.spawn, self.settings.served or (self.settings,), endpoints)
         self.start_ventilator()
         for name, (port_setting, _) in self.helper_targets.items():
             if getattr(self.settings, port_setting):

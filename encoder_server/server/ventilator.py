@@ -18,15 +18,15 @@ from collections import Counter, deque
 
 import zmq
 
-from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, PROTOCOL_VERSION, RESTARTED,
+from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, NOT_FOUND, PROTOCOL_VERSION, RESTARTED,
                                      ProtocolError, decode_request, encode_data, encode_error)
-from encoder_client.status import Requests, ServerStatus, Texts
+from encoder_client.status import ModelStatus, Requests, ServerStatus, Texts
 from encoder_client.version import __version__
 
 from ..processes import start_child
 from ..security import curve_for, is_loopback, workers_use_curve
 from . import messages
-from .intake import check_result_size, model_choices, parse_encode
+from .intake import check_result_size, model_choices, parse_encode, served_model
 from .liveness import HEARTBEAT_INTERVAL, Liveness
 from .metrics import Metrics
 from .ownership import Owners
@@ -37,6 +37,8 @@ from .sockets import POLL_MS, make_socket, peer_address, user_id
 class Ventilator:
     def __init__(self, settings, addresses, log, supervisor=None):
         self.settings = settings
+        self.models = settings.served or (settings,)  # the default model first
+        self.workers_expected = sum(model.num_worker for model in self.models)
         self.log = log
         self.supervisor = supervisor  # a multiprocessing Connection, or None
         self.dispatcher = Dispatcher(settings.priority_batch_size, settings.max_batch_size,
@@ -114,7 +116,8 @@ class Ventilator:
         except ProtocolError as error:
             self.log.warning("bad request from %s: %s", peer or "?", error)
             if error.identity is not None:
-                self.reply_error(error.identity, error.req_id, f"bad request: {error}", error.code)
+                message = str(error) if error.code == NOT_FOUND else f"bad request: {error}"
+                self.reply_error(error.identity, error.req_id, message, error.code)
         except Exception:  # a case the checks missed: that request fails, the server goes on
             self.log.exception("could not handle a request from %s", peer or "?")
             request = decode_request(raw)
@@ -127,8 +130,9 @@ class Ventilator:
             self.reply_error(request.identity, request.req_id, "the server is shutting down", DRAINING)
         else:
             encode = parse_encode(request, self.settings.show_tokens_to_client, self.settings.max_pending_texts)
-            check_result_size(encode, self.settings)
-            self.admit(encode, model_choices(encode, self.settings))
+            index, model = served_model(encode, self.models)
+            check_result_size(encode, model)
+            self.admit(encode, index, model.embedding_dim, model_choices(encode, model))
 
     def on_command(self, request, peer):
         if request.command == b"SHOW_CONFIG":
@@ -144,7 +148,8 @@ class Ventilator:
             self.publish(encode_data(request.identity, request.req_id, {"terminating": True}))
             self.start_draining()
 
-    def admit(self, request, choices):
+    def admit(self, request, model, width, choices):
+        """Queue `request` for the model of index `model`, whose rows are `width` floats."""
         if self.dispatcher.is_in_flight(request.identity, request.req_id):
             raise ProtocolError(f"req_id {request.req_id} is already in flight under this identity",
                                 request.identity, request.req_id)
@@ -154,7 +159,7 @@ class Ventilator:
                                              "retry later")
         seq = self.next_seq
         registration = messages.Registration(request.identity, request.req_id, len(request.texts),
-                                             request.with_tokens, request.streamed)
+                                             request.with_tokens, request.streamed, width)
         try:
             if self.unsent:
                 raise zmq.Again()  # the sink is not taking messages now
@@ -164,7 +169,7 @@ class Ventilator:
         self.next_seq += 1
         self.dispatcher.submit(seq, request.identity, request.texts, time.monotonic(), request.timeout_s,
                                req_id=request.req_id, is_tokenized=request.is_tokenized,
-                               with_tokens=request.with_tokens, **choices)
+                               with_tokens=request.with_tokens, model=model, **choices)
         self.log.debug("request %d: %d texts from %r", seq, len(request.texts), request.identity)
 
     def refuse_busy(self, request, message):
@@ -212,10 +217,17 @@ class Ventilator:
             pass  # gone already (EHOSTUNREACH), or it has connected anew: it says READY by itself
 
     def on_ready(self, worker, message, now):
+        model = 0 if message.model is None else \
+            next((i for i, served in enumerate(self.models) if message.model in served.model_name), None)
+        if model is None:
+            self.log.warning("%s serves model %r, which this server does not", worker.decode(errors="replace"),
+                             message.model[:100])
+            self.lose(self.liveness.misbehaved(worker, now, "serves a model this server does not"))
+            return
         self.lose(self.liveness.ready(worker, message, now))
-        self.dispatcher.add_worker(worker, message.lanes)
-        self.log.info("%s ready (%d of %d)", worker.decode(errors="replace"), len(self.liveness),
-                      self.settings.num_worker)
+        self.dispatcher.add_worker(worker, message.lanes, model)
+        self.log.info("%s ready (%d of %d), serving %s", worker.decode(errors="replace"), len(self.liveness),
+                      self.workers_expected, self.models[model].name)
 
     def on_worker_report(self, message):
         if isinstance(message, messages.Heartbeat):
@@ -363,9 +375,9 @@ class Ventilator:
     def status(self):
         workers = self.dispatcher.workers
         return ServerStatus(
-            ready=self.liveness.local >= self.settings.num_worker and not self.draining,
+            ready=self.liveness.local >= self.workers_expected and not self.draining,
             workers_alive=len(workers),
-            workers_expected=self.settings.num_worker,
+            workers_expected=self.workers_expected,
             workers_remote=len(workers) - self.liveness.local,
             workers_busy=sum(1 for texts in workers.values() if texts),
             worker_busy_texts=workers,
@@ -385,7 +397,16 @@ class Ventilator:
             uptime_s=round(time.monotonic() - self.started, 3),
             server_version=__version__,
             metrics=self.metrics.snapshot(),
+            models={model.name: self.model_status(index, model) for index, model in enumerate(self.models)},
         )
+
+    def model_status(self, index, model):
+        alive = len(self.dispatcher.workers_of(index))
+        depths = self.dispatcher.queue_depths(index)
+        return ModelStatus(kind=model.kind, embedding_dim=model.embedding_dim, ready=alive >= model.num_worker,
+                           workers_alive=alive, workers_expected=model.num_worker,
+                           queue_depth={"priority": depths["priority"], "bulk": depths["bulk"]},
+                           texts_encoded=self.dispatcher.texts_encoded_by_model[index])
 
 
 UNSENT_LIMIT = 10_000  # messages kept for the sink; past it, clients wait (their send times out) instead

@@ -33,7 +33,7 @@ import zmq
 from encoder_client.protocol import BAD_REQUEST
 
 from ..model.cpus import lone_lane_threads
-from ..model.embedder import Embedder
+from ..model.prepare import open_model
 from ..processes import start_child
 from . import fault_injection, messages
 from .batching import BULK, PRIORITY, BatchPlanner, Tokenized
@@ -55,8 +55,10 @@ class Worker:
         self.endpoints = endpoints
         self.remote = remote
         self.metrics = Metrics()
-        self.embedder = Embedder(settings, lone_threads)
-        self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.embedder.tokenizer.pad_id)
+        self.model_name = settings.name
+        self.model = open_model(settings, lone_threads)  # an Embedder, or a Reranker for kind rerank
+        self.reranking = settings.kind == "rerank"
+        self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.model.tokenizer.pad_id)
         self.batch_wait_s = settings.batch_wait_ms / 1000
         self.received = queue.SimpleQueue()  # (job, monotonic arrival), from intake to prefetch
         self.outbox = queue.SimpleQueue()    # Dropped, Refused and Ready messages, for intake to send
@@ -64,7 +66,7 @@ class Worker:
         self.running = Counter()  # PRIORITY and BULK -> passes of that kind running now, under `buffered`
         self.failed = False
         self.busy_since = {}  # stage (prefetch or a lane) -> monotonic start of the step it is on
-        self.embedder.warm_up(WARMUP_TEXTS)
+        self.model.warm_up(WARMUP_TEXTS)
 
     # ----- intake: the jobs socket -----
 
@@ -98,7 +100,7 @@ class Worker:
         return jobs
 
     def ready(self):
-        return messages.Ready(os.getpid(), socket.gethostname(), self.remote, self.lanes)
+        return messages.Ready(os.getpid(), socket.gethostname(), self.remote, self.lanes, self.model_name)
 
     def on_message(self, frames, arrived):
         message = messages.decode_or_log(frames, self.log, "the ventilator")
@@ -140,7 +142,7 @@ class Worker:
             return
         fault_injection.inject(job.texts)
         try:
-            encoding = self.embedder.tokenize(job.texts, job.is_tokenized, job.with_tokens, job.prompt)
+            encoding = self.model.tokenize(job.texts, job.is_tokenized, job.with_tokens, job.prompt, job.query)
         except Exception as error:  # the intake's checks should make this impossible; never die of it
             self.log.exception("could not tokenize job %d", job.job_id)
             self.outbox.put(messages.Refused(job.job_id, f"texts {job.offset} to {job.offset + len(job.texts) - 1} "
@@ -149,7 +151,7 @@ class Worker:
         if encoding.truncated and not job.truncate:
             index = min(encoding.truncated)
             self.outbox.put(messages.Refused(job.job_id, f"texts[{job.offset + index}] has more than "
-                                                         f"{self.embedder.tokenizer.truncate_at} tokens, the "
+                                                         f"{self.model.tokenizer.truncate_at} tokens, the "
                                                          "server's limit (max_seq_len); shorten it, or allow "
                                                          "truncation"))
             return
@@ -169,8 +171,7 @@ class Worker:
                 batch, kind, alone = self._next_pass(lane == EXPRESS)
                 if batch is not None:
                     for done in batch.scatter(self.run_pass(lane, batch, kind, alone)):
-                        part = messages.Part(done.job.seq, done.job.job_id, done.job.offset,
-                                             self.embedder.finish(done.result(), done.job.normalize),
+                        part = messages.Part(done.job.seq, done.job.job_id, done.job.offset, self.finish(done),
                                              done.encoding.tokens, done.encoding.num_tokens, len(done.encoding.truncated))
                         results.send_multipart(part.frames(), copy=False)
         except Exception:
@@ -178,12 +179,17 @@ class Worker:
         finally:
             results.close(linger=1000)
 
+    def finish(self, done):
+        """A finished job's rows as served: normalized as it asks, or a reranker's scores."""
+        choice = done.job.raw_scores if self.reranking else done.job.normalize
+        return self.model.finish(done.result(), choice)
+
     def run_pass(self, lane, batch, kind, alone):
         for wait in batch.start(time.monotonic()):
             self.metrics.observe("queue_seconds", wait)
         started = self.busy_since[lane] = time.monotonic()
         try:
-            pooled = self.embedder.run(batch.inputs, alone=alone)
+            pooled = self.model.run(batch.inputs, alone=alone)
         finally:
             with self.buffered:
                 self.running[kind] -= 1
@@ -221,13 +227,13 @@ class Worker:
         self.stop.set()
 
 
-def run_worker(settings, endpoints, index, remote=False, started=None):
-    """`started`: a pipe end on which to say None once the model is loaded, or why it could not be."""
+def run_worker(settings, endpoints, index, remote=False, alone_on_host=False, started=None):
+    """`started`: a pipe end on which to say None once the model is loaded, or why it could not be.
+    `alone_on_host`: no other worker runs on this host, so this one knows when nothing else runs."""
     name = f"{socket.gethostname()}/worker-{index}" if remote else f"worker-{index}"
     log, stop = start_child(name, settings.verbose)
     try:
-        # only a process alone on its host knows when nothing else runs there
-        lone_threads = lone_lane_threads() if settings.num_worker == 1 else 0
+        lone_threads = lone_lane_threads() if alone_on_host else 0
         worker = Worker(settings, endpoints, f"{name}:{os.getpid()}", log, stop, remote, lone_threads)
     except Exception as error:
         _report_start(started, " ".join(f"{type(error).__name__}: {error}".split()))
@@ -239,9 +245,9 @@ def run_worker(settings, endpoints, index, remote=False, started=None):
                *(threading.Thread(target=worker.compute, args=(lane,), name=lane, daemon=True) for lane in lanes)]
     for thread in threads:
         thread.start()
-    log.info("serving on %s with %s: %d lane(s) and the express lane, %d thread(s) per lane%s", settings.device,
-             settings.backend, settings.lanes, settings.threads_per_worker,
-             f", {lone_threads} for a pass alone" if worker.embedder.lone_backend else "")
+    log.info("serving on %s with %s: %d lane(s) and the express lane, %d thread(s) per lane%s; model %s",
+             settings.device, settings.backend, settings.lanes, settings.threads_per_worker,
+             f", {lone_threads} for a pass alone" if worker.model.lone_backend else "", settings.name)
     try:
         worker.compute("lane-0")
     finally:

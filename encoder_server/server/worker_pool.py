@@ -57,8 +57,11 @@ def stop_process(process, timeout=STOP_TIMEOUT):
 
 
 class WorkerPool:
-    def __init__(self, spawn, settings, endpoints, count, remote=False):
-        self.spawn, self.settings, self.endpoints, self.remote = spawn, settings, endpoints, remote
+    def __init__(self, spawn, models, endpoints, remote=False):
+        """`models`: each served model's Settings, whose num_worker workers the pool runs (numbered on
+        across the models, in order)."""
+        self.spawn, self.endpoints, self.remote = spawn, endpoints, remote
+        self.settings_of = [model for model in models for _ in range(model.num_worker)]  # index -> Settings
         self.workers = {}        # index -> Process
         self.started_at = {}     # index -> monotonic start time
         self.restart_at = {}     # index -> when to start a dead worker again
@@ -67,13 +70,13 @@ class WorkerPool:
         self.start_errors = {}   # index -> why its worker could not start, once it said so
         self.failed_starts = Counter()  # index -> start-ups failed in a row
         self.first_error = None  # the first start-up error since a worker last started
-        for index in range(count):
+        for index in range(len(self.settings_of)):
             self.start(index)
 
     def start(self, index):
         self.reports[index], theirs = self.spawn.Pipe(duplex=False)
-        self.workers[index] = start_process(self.spawn, run_worker, f"worker-{index}", self.settings,
-                                            self.endpoints, index, self.remote, theirs)
+        self.workers[index] = start_process(self.spawn, run_worker, f"worker-{index}", self.settings_of[index],
+                                            self.endpoints, index, self.remote, len(self.settings_of) == 1, theirs)
         theirs.close()
         self.started_at[index] = time.monotonic()
 

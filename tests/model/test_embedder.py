@@ -89,7 +89,7 @@ def test_an_onnx_worker_never_imports_torch_or_transformers(embedder, tmp_path):
     settings_file.write_bytes(pickle.dumps(embedder.spec))
     code = ("import pickle, sys; import encoder_server.server.worker as worker; "
             f"settings = pickle.loads(open({str(settings_file)!r}, 'rb').read()); "
-            "embedder = worker.Embedder(settings); embedder.embed_texts(worker.WARMUP_TEXTS); "
+            "embedder = worker.open_model(settings); embedder.embed_texts(worker.WARMUP_TEXTS); "
             "embedder.embed_tokens([['some', 'words']]); "
             "print(sorted(name for name in ('torch', 'transformers') if name in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True)

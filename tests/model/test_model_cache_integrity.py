@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -197,7 +198,7 @@ class FakeSpawn:
 @pytest.fixture
 def pool(monkeypatch):
     monkeypatch.setattr(worker_pool, "restart_pause", lambda quick_deaths: 0.0)  # restarts at once
-    return worker_pool.WorkerPool(FakeSpawn(), settings=None, endpoints=None, count=2)
+    return worker_pool.WorkerPool(FakeSpawn(), [SimpleNamespace(num_worker=2)], endpoints=None)
 
 
 def fail_all(pool, rounds, error="OSError: no model here"):
@@ -258,7 +259,7 @@ def test_the_worker_sends_its_start_up_error_in_one_line(monkeypatch):
     monkeypatch.setattr(worker_module, "start_child", lambda name, verbose: (logging.getLogger(name), None))
     pipe = FakePipe()
     with pytest.raises(ValueError):
-        worker_module.run_worker(type("Settings", (), {"verbose": False, "num_worker": 1})(), None, 0, False, pipe)
+        worker_module.run_worker(SimpleNamespace(verbose=False), None, 0, False, True, pipe)
     assert pipe.said == ["ValueError: bad model file"]
 
 

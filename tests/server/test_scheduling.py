@@ -417,3 +417,41 @@ def test_a_requeued_job_is_stamped_afresh():
     (_, again), = d.assignments(4.0)
     assert again.job_id == first.job_id
     assert (first.budget_ms, again.budget_ms) == (pytest.approx(9000), pytest.approx(6000))
+
+
+# ----- several models -----
+
+def test_a_job_goes_only_to_a_worker_of_its_requests_model():
+    dispatcher = Dispatcher(priority_batch_size=4, max_batch_size=8, prefetch_size=1)
+    dispatcher.add_worker(b"embed-worker", model=0)
+    dispatcher.add_worker(b"rerank-worker", model=1)
+    dispatcher.submit(1, b"c", texts(2), NOW, model=1)
+    dispatcher.submit(2, b"c", texts(40), NOW, model=1)
+    dispatcher.submit(3, b"c", texts(2), NOW, model=0)
+    sent = dispatcher.assignments(NOW)
+    by_worker = {}
+    for worker, job in sent:
+        by_worker.setdefault(worker, set()).add(job.seq)
+    assert by_worker == {b"rerank-worker": {1, 2}, b"embed-worker": {3}}
+
+
+def test_a_flood_on_one_model_leaves_another_models_requests_first_in_line():
+    dispatcher = Dispatcher(priority_batch_size=4, max_batch_size=8, prefetch_size=1)
+    dispatcher.add_worker(b"a", model=0)
+    dispatcher.add_worker(b"b", model=1)
+    for seq in range(1, 50):  # model 0's worker is full and its queue long
+        dispatcher.submit(seq, b"flood", texts(64), NOW, model=0)
+    dispatcher.assignments(NOW)
+    assert dispatcher.queue_depths(0)["bulk"] > 0
+    dispatcher.submit(100, b"other", texts(1), NOW, model=1)
+    assert [(worker, job.seq) for worker, job in dispatcher.assignments(NOW)] == [(b"b", 100)]
+    assert dispatcher.queue_depths(1) == {"priority": 0, "bulk": 0, "bulk_clients": 0}
+    assert set(dispatcher.workers_of(1)) == {"b"}
+
+
+def test_a_model_without_workers_keeps_its_jobs_queued_and_cancel_finds_them():
+    dispatcher = Dispatcher(priority_batch_size=4, max_batch_size=8, prefetch_size=1)
+    dispatcher.add_worker(b"a", model=0)
+    dispatcher.submit(1, b"c", texts(20), NOW, model=1)
+    assert dispatcher.assignments(NOW) == []
+    assert dispatcher.cancel(1) == 20 and dispatcher.queue_depths(1)["bulk"] == 0

@@ -1,0 +1,43 @@
+"""encoder_server.server.intake's choice of model: by name or alias, the default, the first
+reranker for a query, and clear errors for an unknown name or the wrong kind."""
+from types import SimpleNamespace
+
+import pytest
+
+from encoder_client.protocol import BAD_REQUEST, NOT_FOUND, ProtocolError
+from encoder_server.server.intake import EncodeRequest, model_choices, served_model
+
+SERVED = (SimpleNamespace(model_name=("minilm", "text-embedding-ada-002"), name="minilm", kind="embed"),
+          SimpleNamespace(model_name=("ce", "reranker"), name="ce", kind="rerank", normalize=False),
+          SimpleNamespace(model_name=("e5",), name="e5", kind="embed"))
+
+
+def request(**options):
+    return EncodeRequest(b"id", 7, ["a text"], False, False, options=options)
+
+
+@pytest.mark.parametrize("options, index", [({}, 0), ({"model": "text-embedding-ada-002"}, 0), ({"model": "e5"}, 2),
+                                            ({"query": "q"}, 1), ({"query": "q", "model": "reranker"}, 1)])
+def test_a_request_goes_to_the_model_it_names_or_the_default(options, index):
+    assert served_model(request(**options), SERVED)[0] == index
+
+
+def test_an_unknown_model_is_not_found_and_the_error_lists_the_served_names():
+    with pytest.raises(ProtocolError, match="'nope' is not served here; the models are: minilm, ce, e5") as error:
+        served_model(request(model="nope"), SERVED)
+    assert error.value.code == NOT_FOUND and error.value.req_id == 7
+
+
+@pytest.mark.parametrize("options, message", [({"model": "ce"}, "'ce' is a reranker"),
+                                              ({"model": "e5", "query": "q"}, "'e5' is an embedder")])
+def test_texts_to_a_reranker_or_a_query_to_an_embedder_are_refused(options, message):
+    with pytest.raises(ProtocolError, match=message) as error:
+        served_model(request(**options), SERVED)
+    assert error.value.code == BAD_REQUEST
+
+
+def test_a_rerank_request_carries_its_query_and_takes_no_prompt():
+    assert model_choices(request(query="q", raw_scores=True), SERVED[1]) == {"query": "q", "raw_scores": True,
+                                                                            "truncate": True}
+    with pytest.raises(ProtocolError, match="takes no prompt"):
+        model_choices(request(query="q", prompt="query: "), SERVED[1])
