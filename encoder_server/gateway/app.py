@@ -15,6 +15,7 @@ from .link import ServerLink
 from .metrics import GatewayMetrics, HttpMetricsMiddleware
 from .openai_routes import openai_router
 from .ops_routes import ops_router
+from .rerank_routes import rerank_router
 
 log = logging.getLogger("gateway")
 
@@ -43,6 +44,7 @@ def create_app(client_or_factory, *, api_key=None, body_timeout=None):
     app.state.link = link
     app.include_router(openai_router(link))
     app.include_router(bert_router(link))
+    app.include_router(rerank_router(link))
     app.include_router(ops_router(link, metrics))
     install_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=lambda: link.max_request_bytes, timeout=body_timeout)

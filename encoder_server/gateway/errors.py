@@ -6,7 +6,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from encoder_client import ConnectionLostError, RequestTooLargeError, ServerBusyError, ServerError
-from encoder_client.protocol import BAD_REQUEST, DRAINING, TOO_LARGE
+from encoder_client.protocol import BAD_REQUEST, DRAINING, NOT_FOUND, TOO_LARGE
 
 from .limits import RETRY_LATER
 
@@ -51,6 +51,8 @@ def _from_server_refusal(error):
         return GatewayError(503, message, code="server_unavailable", headers=RETRY_LATER)
     if error.code == BAD_REQUEST:
         return GatewayError(400, message, param="input")
+    if error.code == NOT_FOUND:  # a model the server does not serve, as OpenAI answers
+        return GatewayError(404, message, param="model", code="model_not_found")
     return GatewayError(500, message)
 
 

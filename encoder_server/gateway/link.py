@@ -5,7 +5,7 @@ import logging
 import time
 from collections import deque
 
-from encoder_client.protocol import DEFAULT_MAX_REQUEST_MB, TOKEN_LEVEL
+from encoder_client.protocol import DEFAULT_MAX_REQUEST_MB
 from encoder_client.request import max_request_bytes
 from encoder_client.status import StatusError, check_status
 
@@ -97,19 +97,24 @@ class ServerLink:
         return self.config.get("model_name") or self.config.get("model")
 
     @property
+    def models(self):
+        """Each served model's SHOW_CONFIG entry, the default first ([] until connected)."""
+        return self.config.get("models") or ([self.config] if self.config else [])
+
+    @property
     def model_names(self):
-        """Every name the model answers to: its served name first, then its aliases."""
-        return self.config.get("model_names") or ([self.model] if self.model else [])
+        """Every name of every model: each one's served name first, then its aliases."""
+        return [name for model in self.models for name in model.get("model_names") or [model.get("model_name")]]
 
-    @property
-    def embedding_dim(self):
-        """Floats per embedding, as the server's pooling makes them (None until connected)."""
-        return self.config.get("embedding_dim")
+    def model_named(self, name):
+        """The config entry of the model answering to `name`; None: there is none. A `name` of None
+        is the default model, or with `kind`, the first model of that kind."""
+        if name is None:
+            return self.models[0] if self.models else None
+        return next((model for model in self.models if name in (model.get("model_names") or [])), None)
 
-    @property
-    def token_level(self):
-        """Whether the server pools nothing: one vector per token instead of one per text."""
-        return self.config.get("pooling_strategy") == TOKEN_LEVEL
+    def first_of_kind(self, kind):
+        return next((model for model in self.models if model.get("kind", "embed") == kind), None)
 
     @property
     def max_request_bytes(self):
@@ -137,7 +142,7 @@ class ServerLink:
 
     async def encode(self, texts, is_tokenized=False, **model_options):
         """The server's EncodeResult for `texts`; a GatewayError when it cannot be had.
-        `model_options`: prompt, prompt_name, normalize, truncate (None: the server's default)."""
+        `model_options`: encoder_client.request.MODEL_OPTIONS (None: the server's default)."""
         reason = self.unavailable()
         if reason is not None:
             raise GatewayError(503, reason, code="server_unavailable", headers=RETRY_LATER)

@@ -50,6 +50,7 @@ class ServerStatusCollector:
         yield _gauge("encoder_ready", "1 when every worker is up and the server is not draining", status["ready"])
         yield from _counters(status)
         yield from _gauges(status)
+        yield from _per_model(status)
         for name, hist in status["metrics"]["histograms"].items():
             yield _histogram(f"encoder_{name}", HISTOGRAMS.get(name, name), hist)
 
@@ -94,6 +95,23 @@ def _gauges(status):
     if efficiency is not None:
         yield _gauge("encoder_padding_efficiency", "Real tokens / padded tokens computed", efficiency)
     yield _gauge("encoder_uptime_seconds", "Seconds since the server started", status["uptime_s"])
+
+
+def _per_model(status):
+    """What status says of each served model, under a `model` label."""
+    ready = GaugeMetricFamily("encoder_model_ready", "1 when every worker of the model is up", labels=["model"])
+    alive = GaugeMetricFamily("encoder_model_workers_alive", "The model's workers heartbeating", labels=["model"])
+    depth = GaugeMetricFamily("encoder_model_queue_depth", "The model's jobs queued in the ventilator",
+                              labels=["model", "queue"])
+    texts = CounterMetricFamily("encoder_model_texts_encoded", "Texts (a reranker's: documents) the model computed",
+                                labels=["model"])
+    for name, model in status["models"].items():
+        ready.add_metric([name], float(model["ready"]))
+        alive.add_metric([name], model["workers_alive"])
+        texts.add_metric([name], model["texts_encoded"])
+        for queue, jobs in model["queue_depth"].items():
+            depth.add_metric([name, queue], jobs)
+    yield from (ready, alive, depth, texts)
 
 
 def _gauge(name, help_text, value):

@@ -1,6 +1,8 @@
 """/v1: OpenAI's embeddings and models endpoints."""
 from fastapi import APIRouter
 
+from encoder_client.protocol import TOKEN_LEVEL
+
 from .array_json import ArrayJSONResponse
 from .errors import GatewayError
 from .limits import RETRY_LATER
@@ -13,39 +15,43 @@ def openai_router(link):
 
     @router.post("/embeddings")
     async def embeddings(body: EmbeddingRequest):
-        check_model(link, body.model)
+        model = check_model(link, body.model)
         texts = texts_from_input(body.input)
-        if link.token_level:
-            raise GatewayError(400, "this server returns token-level embeddings (--pooling-strategy none); "
+        if model.get("kind", "embed") != "embed":
+            raise GatewayError(400, f"the model `{body.model}` is a reranker: POST /v1/rerank", param="model")
+        if model.get("pooling_strategy") == TOKEN_LEVEL:
+            raise GatewayError(400, "this model returns token-level embeddings (--pooling-strategy none); "
                                     "use POST /encode for those", param="model")
-        check_dimensions(body.dimensions, link.embedding_dim)
-        result = await link.encode(texts, **body.model_options())
+        check_dimensions(body.dimensions, model.get("embedding_dim"))
+        result = await link.encode(texts, model=model["model_name"], **body.model_options())
         rows = shorten(result.embeddings, body.dimensions)
         return ArrayJSONResponse(embedding_response(rows, body.model, result.num_tokens, body.encoding_format,
                                                     result.truncated))
 
     @router.get("/models")
     async def models():
-        served_model(link)
-        return {"object": "list", "data": [model_card(name, link.created) for name in link.model_names]}
+        connected(link)
+        return {"object": "list", "data": [model_card(name, link.created, model) for model in link.models
+                                           for name in model.get("model_names") or [model["model_name"]]]}
 
     @router.get("/models/{model_id:path}")
     async def model(model_id: str):
-        check_model(link, model_id)
-        return model_card(model_id, link.created)
+        return model_card(model_id, link.created, check_model(link, model_id))
 
     return router
 
 
 def check_model(link, name):
-    """A 404 unless `name` is one of the served model's names (503 before the server has said them)."""
-    served_model(link)
-    if name not in link.model_names:
+    """The config entry of the model named `name`: a 404 unless one of the served models answers to
+    it (503 before the server has said them)."""
+    connected(link)
+    model = link.model_named(name)
+    if model is None:
         raise model_not_found(name, link.model_names)
+    return model
 
 
-def served_model(link):
+def connected(link):
     if link.model is None:
         raise GatewayError(503, link.error or "not connected to the encoder-server yet", code="server_unavailable",
                            headers=RETRY_LATER)
-    return link.model

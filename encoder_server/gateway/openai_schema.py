@@ -83,13 +83,17 @@ def embedding_response(rows, model, num_tokens, encoding_format="float", truncat
     }
 
 
-def model_card(model, created):
-    return {"id": model, "object": "model", "created": created, "owned_by": OWNER}
+def model_card(name, created, config=None):
+    """OpenAI's model object, plus ours: the model's kind (embed or rerank) and its dimension (floats
+    per embedding; 1 for a reranker's score)."""
+    config = config or {}
+    return {"id": name, "object": "model", "created": created, "owned_by": OWNER,
+            "kind": config.get("kind", "embed"), "dimensions": config.get("embedding_dim")}
 
 
 def model_not_found(model, served=()):
     names = ", ".join(served) or "see GET /v1/models"
-    return GatewayError(404, f"The model `{model}` does not exist; this server serves one model, named {names}",
+    return GatewayError(404, f"The model `{model}` does not exist; this server serves {names}",
                         param="model", code="model_not_found")
 
 

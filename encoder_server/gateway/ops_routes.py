@@ -21,7 +21,8 @@ def ops_router(link, metrics):
         reason, status = link.not_ready(), link.status
         body = {"ready": reason is None, "reason": reason,
                 **{field: status[field] if status else None for field in ("workers_alive", "workers_expected",
-                                                                          "draining")}}
+                                                                          "draining")},
+                "models": {name: model["ready"] for name, model in status["models"].items()} if status else None}
         return JSONResponse(body, status_code=200 if reason is None else 503)
 
     @router.get("/metrics")

@@ -19,6 +19,10 @@ def status_view(link):
         "age_s": None if link.polled_at is None else round(time.monotonic() - link.polled_at, 1),
         "model": link.model,
         "config": {key: link.config[key] for key in CONFIG_SHOWN if key in link.config},
+        "models": [{"name": model.get("model_name"), "kind": model.get("kind", "embed"),
+                    "dimensions": model.get("embedding_dim"),
+                    "ready": status["models"].get(model.get("model_name"), {}).get("ready") if status else None}
+                   for model in link.models],
         "status": _without_pids(status),
         "throughput": {
             "texts_per_s": rate(samples, lambda s: s["texts"]["encoded"], THROUGHPUT_WINDOW_S),
