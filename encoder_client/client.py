@@ -13,9 +13,9 @@ from zmq.utils.monitor import recv_monitor_message
 from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
 from .keys import as_identity, curve_keys
 from .progress import PROGRESS_CHUNK, chunks, progress_bar
-from .rerank import check_rerank, ranked
 from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, ReplyReader, decode_reply, encode_request, refusal_topic,
                        topic)
+from .rerank import check_rerank, ranked
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
 from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket
@@ -93,7 +93,7 @@ class EncoderClient:
     def rerank(self, query, documents, *, top_n=None, return_documents=False, model=None, raw_scores=False,
                truncate=None, retries=0):
         """Score each document against `query` with a cross-encoder the server serves (`model`: its
-        name; None: the default model, which must then be a reranker). Returns (index, score) pairs,
+        name; None: the first reranker it serves). Returns (index, score) pairs,
         best first, the first `top_n` of them; with `return_documents`, (index, score, document).
         Scores are as sentence-transformers' CrossEncoder.predict gives them (the model's activation),
         or the raw logits with `raw_scores`. A pair longer than the model's max_seq_len loses the end

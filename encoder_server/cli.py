@@ -37,7 +37,7 @@ def start(args):
 
     log = configure_logging("supervisor", args.verbose)
     settings = resolve(**_start_choices(args))
-    for model in settings.served:
+    for model in settings.all_models:
         _log_model(log, model)
     return Supervisor(settings, HTTP_CHILDREN).serve()
 

@@ -1,6 +1,8 @@
 """`encoder-server check`: a built-in sample through a real server started with the given choices,
-and through sentence-transformers itself; prints the row cosines and the width, exits non-zero
-below MIN_COSINE (or when sentence-transformers is missing, since nothing was compared).
+and through sentence-transformers itself, for each served model; prints the row cosines and the
+width, exits non-zero below MIN_COSINE (or when sentence-transformers is missing, since nothing was
+compared). A reranker's scores for a few queries over the sample are compared with
+CrossEncoder.predict's.
 
 With --quantize int8 the served rows are int8's and the reference stays sentence-transformers'
 fp32: it prints the figures that say what int8 costs (min and mean row cosine, and how many of
@@ -9,15 +11,20 @@ each text's 10 nearest neighbours stay the same) and exits non-zero when the mea
 import subprocess
 import sys
 
+import numpy as np
+
 from encoder_client import EncoderClient
 
 from .model.quantization_check import SAMPLE as INT8_SAMPLE
-from .model.quantization_check import neighbour_overlap, row_cosine
+from .model.quantization_check import neighbour_overlap, rank_correlation, row_cosine
 from .ports import free_port
 from .quickstart import wait_until_ready
 from .settings import resolve
 
 MIN_COSINE = 0.9999
+MAX_SCORE_DIFFERENCE = 1e-4
+NO_REFERENCE = "sentence-transformers is not installed, so nothing was compared: pip install sentence-transformers"
+QUERIES = ["How do I reset my password?", "Where does the cat sleep?", "What is the capital of Japan?"]
 SAMPLE = ["A man is eating food.", "The girl is carrying a baby.", "How do I reset my password?",
           "Die Katze schläft auf dem Sofa.", "東京は日本の首都です。", "🙂 emoji, punctuation — and “quotes”",
           "word " * 600, "x", *(f"Sentence {i} is about topic {i % 5}, in a little more detail than the others."
@@ -25,26 +32,38 @@ SAMPLE = ["A man is eating food.", "The girl is carrying a baby.", "How do I res
 
 
 def check(start_flags, choices):
-    """0 when the served rows match sentence-transformers' within MIN_COSINE (int8: a mean cosine of
-    at least --min-quant-cosine), else 1."""
+    """0 when every served model's rows match sentence-transformers' within MIN_COSINE (a reranker's
+    scores CrossEncoder.predict's within MAX_SCORE_DIFFERENCE; int8: at least --min-quant-cosine),
+    else 1."""
     settings = resolve(**choices)
-    sample = SAMPLE + INT8_SAMPLE if settings.quantize else SAMPLE  # more neighbours to compare
     port, port_out = free_port(), free_port()
     server = subprocess.Popen([sys.executable, "-m", "encoder_server.cli", "start", *start_flags, "--port", str(port),
                                "--port-out", str(port_out), "--num-worker", "1"])
     try:
         wait_until_ready(server, port=port, port_out=port_out)
         with EncoderClient(port=port, port_out=port_out, timeout=300) as client:
-            served = client.encode(sample)
+            served = [(model, _served(client, model)) for model in settings.all_models]
     finally:
         server.terminate()
         server.wait(60)
-    print(f"{settings.model_name[0]}: {served.shape[1]} floats per embedding ({settings.pooling.describe()}"
+    return max(_check_reranker(model, rows) if model.kind == "rerank" else _check_embedder(model, rows)
+               for model, rows in served)
+
+
+def _served(client, model):
+    if model.kind == "rerank":
+        return [[score for _, score in sorted(client.rerank(query, SAMPLE, model=model.name))] for query in QUERIES]
+    return client.encode(SAMPLE + INT8_SAMPLE if model.quantize else SAMPLE, model=model.name)
+
+
+def _check_embedder(settings, served):
+    sample = SAMPLE + INT8_SAMPLE if settings.quantize else SAMPLE  # more neighbours to compare
+    print(f"{settings.name}: {served.shape[1]} floats per embedding ({settings.pooling.describe()}"
           f"{''.join(' + ' + layer.describe() for layer in settings.head)})")
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
-        print("sentence-transformers is not installed, so nothing was compared: pip install sentence-transformers")
+        print(NO_REFERENCE)
         return 1
     reference = SentenceTransformer(settings.model, device="cpu").encode(sample)
     if reference.shape != served.shape:
@@ -57,6 +76,33 @@ def check(start_flags, choices):
     print(f"row cosine against sentence-transformers over {len(sample)} texts: min {cosine.min():.7f}, "
           f"mean {cosine.mean():.7f}: {verdict}")
     return 0 if cosine.min() >= MIN_COSINE else 1
+
+
+def _check_reranker(settings, served):
+    """The served scores of every (query, sample text) pair against CrossEncoder.predict's."""
+    print(f"{settings.name}: reranker, {settings.score_activation.rsplit('.', 1)[-1]} scores")
+    try:
+        from sentence_transformers import CrossEncoder
+    except ImportError:
+        print(NO_REFERENCE)
+        return 1
+    model = CrossEncoder(settings.model, device="cpu")
+    reference = [model.predict([(query, text) for text in SAMPLE]) for query in QUERIES]
+    if settings.quantize:
+        correlation = np.array([rank_correlation(a, b) for a, b in zip(reference, served)])
+        good = correlation.mean() >= settings.min_quant_cosine
+        print(f"int8 against sentence-transformers fp32 over {len(QUERIES)} queries x {len(SAMPLE)} texts: rank "
+              f"correlation min {correlation.min():.5f}, mean {correlation.mean():.5f}: "
+              f"{'within' if good else 'BELOW'} --min-quant-cosine {settings.min_quant_cosine} (mean)")
+        return 0 if good else 1
+    difference = float(np.abs(np.array(served) - np.array(reference)).max())
+    same_order = all(list(np.argsort(-np.array(a), kind="stable")) == list(np.argsort(-b, kind="stable"))
+                     for a, b in zip(served, reference))
+    good = difference <= MAX_SCORE_DIFFERENCE and same_order
+    print(f"scores against CrossEncoder.predict over {len(QUERIES)} queries x {len(SAMPLE)} texts: largest "
+          f"difference {difference:.2e}, {'same' if same_order else 'DIFFERENT'} order: "
+          f"{'same scores' if good else 'DIFFERENT'}")
+    return 0 if good else 1
 
 
 def _report_int8(cosine, overlap, bar):

@@ -21,7 +21,7 @@ from .server.scheduling import MAX_LANES
 
 NETWORK = "network"
 _PRIVATE = ("host", "onnx_file", "server_key", "authorized_clients", "api_key", "http_host", "encoder_path",
-            "served_name", "served", "models", "prompts")
+            "served_name", "served", "models")
 # the names OpenAI clients send when none is configured (LangChain's and LlamaIndex's default)
 CLIENT_DEFAULT_NAMES = ("text-embedding-ada-002",)
 
@@ -31,9 +31,9 @@ class Settings(ModelSpec):
     models: str = choice(None, MODEL, "a TOML file of the models to serve, each with its own name(s) and choices "
                                       "(README: Several models); the options given here are every model's "
                                       "defaults. Without it, --model may be given several times")
-    model_name: tuple = choice(None, MODEL, "another name clients may call the model by; may be given several "
-                                            "times (the served name is the Hugging Face id, the folder's name or "
-                                            "all-MiniLM-L6-v2)", action="append")
+    model_name: tuple = choice(None, MODEL, "another name clients may call the (default) model by; may be given "
+                                            "several times (the served name is the Hugging Face id, the folder's "
+                                            "name or all-MiniLM-L6-v2)", action="append")
     show_tokens_to_client: bool = choice(False, MODEL, "allow clients to ask for their WordPiece tokens")
 
     num_worker: int = choice(None, COMPUTE, "worker processes (default: 1 for onnx on cpu, which runs its passes "
@@ -110,6 +110,11 @@ class Settings(ModelSpec):
         return ports
 
     @property
+    def all_models(self):
+        """Every served model's Settings, the default first (this one alone before resolve() fills in `served`)."""
+        return self.served or (self,)
+
+    @property
     def name(self):
         """The model's served name: the first of its names."""
         return self.model_name[0]
@@ -119,13 +124,13 @@ class Settings(ModelSpec):
         level is the default model's; `models` has one entry per served model."""
         config = self._model_config()
         config.update(curve=self.server_key is not None, clients_authenticated=self.authorized_clients is not None,
-                      models=[model._model_config() for model in self.served or (self,)])
+                      models=[model._model_config() for model in self.all_models])
         return config
 
     def _model_config(self):
         config = {name: value for name, value in asdict(self, dict_factory=_shallow).items() if name not in _PRIVATE}
         config.update(model=os.path.basename(os.path.normpath(self.model)), pooling_layer=list(self.pooling_layer),
-                      model_name=self.name, model_names=list(self.model_name), prompt_names=sorted(self.prompts),
+                      model_name=self.name, model_names=list(self.model_name),
                       head=[layer.describe() for layer in self.head], overrides=list(self.overrides),
                       embedding_dim=self.embedding_dim)
         return config
@@ -145,8 +150,10 @@ def resolve(**choices):
     Settings, with every model's in `served`. ConfigError, one line, for a choice that cannot work."""
     entries = model_entries(choices.get("model"), choices.get("models"))
     shared = {name: value for name, value in choices.items() if name != "model"}
+    others = {name: value for name, value in shared.items() if name != "model_name"}  # --model-name: the default's
     cpus = max(1, usable_cpus() // len(entries))  # each model's share, so that one's load never slows another
-    served = [_resolve_one({**shared, **entry}, cpus, default=index == 0) for index, entry in enumerate(entries)]
+    served = [_resolve_one({**(others if index else shared), **entry}, cpus, default=index == 0)
+              for index, entry in enumerate(entries)]
     check_names(served)
     _check_keys(served[0].server_key, served[0].authorized_clients)
     _check_worker_port(served[0])

@@ -41,12 +41,13 @@ threads_per_worker = 1
     assert small.max_batch_size == ce.max_batch_size == 32  # the command line's, shared
     config = settings.public_config()
     assert [model["model_name"] for model in config["models"]] == ["small", "ce"]
-    assert config["models"][1]["kind"] == "rerank" and "prompts" not in config
+    assert config["models"][1]["kind"] == "rerank" and config["prompts"]["query"] == "query: "
 
 
 def test_several_models_share_the_cores(tiny_model, tiny_cross_encoder):
     one = resolve(model=[str(tiny_model)])
-    two = resolve(model=[str(tiny_model), str(tiny_cross_encoder)])
+    two = resolve(model=[str(tiny_model), str(tiny_cross_encoder)], model_name=["alias"])
+    assert "alias" in two.served[0].model_name and "alias" not in two.served[1].model_name
     assert len(one.served) == 1 and len(two.served) == 2
     cores = [model.num_worker * model.lanes * model.threads_per_worker for model in two.served]
     assert one.lanes * one.threads_per_worker == usable_cpus()  # one model: every core
@@ -77,3 +78,12 @@ def test_two_models_may_not_share_a_name_and_model_with_models_is_refused(tiny_m
         resolve(models=path, model=[str(tiny_model)])
     with pytest.raises(ConfigError, match="No such file"):
         resolve(models=str(tmp_path / "missing.toml"))
+
+
+def test_start_takes_model_several_times_and_the_models_file_from_the_environment(monkeypatch):
+    from encoder_server.cli import _parser
+
+    args = _parser().parse_args(["start", "--model", "a", "--model", "b"])
+    assert args.model == ["a", "b"] and args.models is None
+    monkeypatch.setenv("ENCODER_SERVER_MODELS", "/etc/models.toml")
+    assert _parser().parse_args(["check"]).models == "/etc/models.toml"

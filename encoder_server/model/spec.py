@@ -69,7 +69,8 @@ class ModelSpec:
     quantize: str = choice(None, COMPUTE, "dynamic int8 weights (onnx on cpu), served only if it passes the "
                                           "accuracy check", choices=("int8",))
     min_quant_cosine: float = choice(0.99, COMPUTE, "refuse int8 when its mean row cosine against fp32 on a "
-                                                    "built-in sample is lower")
+                                                    "built-in sample is lower (a reranker's: its mean rank "
+                                                    "correlation)")
     threads_per_worker: int = choice(None, COMPUTE, "intra-op threads per lane (default: usable CPUs / (workers x "
                                                     "lanes), so none are oversubscribed)", minimum=1)
 

@@ -68,7 +68,7 @@ class Tokenizer:
             self._pairs.no_padding()
             self._pairs.enable_truncation(self.truncate_at, strategy="only_second")
         room = self.truncate_at - self._tokenizer.num_special_tokens_to_add(True)
-        query_tokens = self._count(query, False)
+        query_tokens = self._count(self._bounded(query, False), False)  # a prefix of a huge one: enough to refuse
         if query_tokens >= room:
             raise ValueError(f"the query has {query_tokens} tokens, and a pair keeps {self.truncate_at} "
                              "(max_seq_len) with a document's: shorten the query")

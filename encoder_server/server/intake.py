@@ -10,6 +10,7 @@ from encoder_client.request import MODEL_OPTIONS, check_model_options
 from encoder_client.validation import check_texts, looks_tokenized
 
 MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # a week: past it, a client means "no limit" (send none)
+MAX_QUERY_CHARS_PER_TOKEN = 8  # a rerank query longer than this many characters per token of a pair is refused
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def served_model(request, served):
     if name is None:
         index = next((i for i, model in enumerate(served) if model.kind == "rerank"), 0) if reranking else 0
     else:
-        index = next((i for i, model in enumerate(served) if name in model.model_name), None)
+        index = model_index(served, name)
     if index is None:
         names = ", ".join(model.name for model in served)
         raise ProtocolError(f"model {name[:100]!r} is not served here; the models are: {names}", request.identity,
@@ -108,6 +109,11 @@ def served_model(request, served):
     return index, model
 
 
+def model_index(served, name):
+    """The index of the model among `served` that answers to `name`; None when none does."""
+    return next((index for index, model in enumerate(served) if name in model.model_name), None)
+
+
 def model_choices(request, settings):
     """The Job fields (prompt, normalize, truncate; a reranker's query and raw_scores) for an
     EncodeRequest to a model with `settings`: the request's options, else the model's defaults.
@@ -116,6 +122,11 @@ def model_choices(request, settings):
     if settings.kind == "rerank":
         if options.get("prompt") or options.get("prompt_name") or options.get("normalize"):
             raise ProtocolError("a rerank request takes no prompt or normalize", request.identity, request.req_id)
+        if len(options["query"]) > MAX_QUERY_CHARS_PER_TOKEN * settings.truncate_at:
+            # every job carries the query: a huge one would be copied once per job, and never fits a pair
+            raise ProtocolError(f"the query has {len(options['query'])} characters, far more than a pair of "
+                                f"{settings.truncate_at} tokens (max_seq_len) holds: shorten the query",
+                                request.identity, request.req_id, TOO_LARGE)
         return {"query": options["query"], "raw_scores": options.get("raw_scores", False),
                 "truncate": options.get("truncate", True)}
     prompt = options.get("prompt")

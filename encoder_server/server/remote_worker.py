@@ -22,9 +22,10 @@ from .sockets import remote_worker_endpoints
 from .worker_pool import MAX_FAILED_STARTS, WorkerPool
 
 WATCH_INTERVAL = 0.5
-# the server's choices that decide what a worker computes and how it batches
-_COPIED = ("pooling_strategy", "pooling_layer", "mask_cls_sep", "normalize", "max_seq_len", "max_batch_size",
-           "priority_batch_size", "batch_wait_ms", "prefetch_size", "min_quant_cosine")
+# the server's choices that decide what a worker computes and how it batches (a reranker has no pooling)
+_POOLING = ("pooling_strategy", "pooling_layer", "mask_cls_sep", "normalize")
+_COPIED = _POOLING + ("kind", "max_seq_len", "max_batch_size", "priority_batch_size", "batch_wait_ms", "prefetch_size",
+                      "min_quant_cosine")
 
 
 def join_server(args):
@@ -71,7 +72,8 @@ def worker_settings(config, args):
                        max_batch_tokens=config["max_batch_tokens"] if same_device else None,
                        num_worker=args.num_worker, lanes=args.lanes, threads_per_worker=args.threads_per_worker,
                        verbose=args.verbose, names=[config["model_name"]],  # serve the server's default model
-                       **{name: config[name] for name in _COPIED})
+                       **{name: config[name] for name in _COPIED
+                          if not (config["kind"] == "rerank" and name in _POOLING)})
     if settings.num_layers != config["num_layers"]:
         raise ConfigError(f"the server's model has {config['num_layers']} layers, this host's "
                           f"{settings.num_layers}: pass --model with a copy of the served model")

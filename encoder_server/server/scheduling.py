@@ -1,15 +1,16 @@
 """The ventilator's pure logic: split requests into jobs, queue them fairly, hand them to workers.
 
 Each served model has its own queues and its own workers, and a job only ever goes to a worker of
-its request's model, so a flood on one model never delays another's. Within a model, small
-requests go to the priority queue, spread over the workers that are idle. Large ones become
-mini-jobs in a per-client round-robin queue, so one client's 100k texts cannot starve another's 5k. A worker holds at most `prefetch_size` bulk jobs and at most `max_batch_size` texts
-of priority jobs per lane (the forward passes it runs at once), so a priority job always finds
-room and runs before anything the worker has buffered.
+its request's model, so a flood on one model never delays another's. Within a model, small requests
+go to the priority queue, spread over the workers that are idle. Large ones become mini-jobs in a
+per-client round-robin queue, so one client's 100k texts cannot starve another's 5k. A worker holds
+at most `prefetch_size` bulk jobs and at most `max_batch_size` texts of priority jobs per lane (the
+forward passes it runs at once), so a priority job always finds room and runs before anything the
+worker has buffered.
 
-When a worker dies, its unfinished jobs go back to the front of their queue as suspects. A
-suspect runs alone on an idle worker, so a second death pins it down: its request is failed
-(poisoned input) rather than crashing workers forever.
+When a worker dies, its unfinished jobs go back to the front of their queue as suspects. A suspect
+runs alone on an idle worker, so a second death pins it down: its request is failed (poisoned input)
+rather than crashing workers forever.
 """
 import heapq
 import itertools

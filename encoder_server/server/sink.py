@@ -43,7 +43,7 @@ class Sink:
         self.settings = settings
         # (rank, width) of the parts each served model's workers send
         self.shapes = {(3 if model.pooling.token_level else 2, model.embedding_dim)
-                       for model in settings.served or (settings,)}
+                       for model in settings.all_models}
         self.assembler = Assembler()
         self.subscriptions = Subscriptions()
         unread_bytes = settings.max_unread_mb << 20

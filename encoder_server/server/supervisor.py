@@ -65,7 +65,7 @@ def _alive(pid):
 
 def prepare_models(settings):
     """`settings` with every served model prepared (model.prepare: its ONNX file built or found)."""
-    served = tuple(prepare_model_apart(model, verbose=settings.verbose) for model in settings.served or (settings,))
+    served = tuple(prepare_model_apart(model, verbose=settings.verbose) for model in settings.all_models)
     return replace(served[0], served=served)
 
 
@@ -131,7 +131,7 @@ class Supervisor:
         self.start_sink()
         curve = own_client_keys(self.settings) if workers_use_curve(self.settings) else None
         endpoints = WorkerEndpoints(self.addresses.backend, self.addresses.sink, curve)
-        self.pool = WorkerPool(self.spawn, self.settings.served or (self.settings,), endpoints)
+        self.pool = WorkerPool(self.spawn, self.settings.all_models, endpoints)
         self.start_ventilator()
         for name, (port_setting, _) in self.helper_targets.items():
             if getattr(self.settings, port_setting):

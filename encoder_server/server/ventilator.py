@@ -26,7 +26,7 @@ from encoder_client.version import __version__
 from ..processes import start_child
 from ..security import curve_for, is_loopback, workers_use_curve
 from . import messages
-from .intake import check_result_size, model_choices, parse_encode, served_model
+from .intake import check_result_size, model_choices, model_index, parse_encode, served_model
 from .liveness import HEARTBEAT_INTERVAL, Liveness
 from .metrics import Metrics
 from .ownership import Owners
@@ -37,7 +37,7 @@ from .sockets import POLL_MS, make_socket, peer_address, user_id
 class Ventilator:
     def __init__(self, settings, addresses, log, supervisor=None):
         self.settings = settings
-        self.models = settings.served or (settings,)  # the default model first
+        self.models = settings.all_models  # the default model first
         self.workers_expected = sum(model.num_worker for model in self.models)
         self.log = log
         self.supervisor = supervisor  # a multiprocessing Connection, or None
@@ -217,8 +217,7 @@ class Ventilator:
             pass  # gone already (EHOSTUNREACH), or it has connected anew: it says READY by itself
 
     def on_ready(self, worker, message, now):
-        model = 0 if message.model is None else \
-            next((i for i, served in enumerate(self.models) if message.model in served.model_name), None)
+        model = 0 if message.model is None else model_index(self.models, message.model)
         if model is None:
             self.log.warning("%s serves model %r, which this server does not", worker.decode(errors="replace"),
                              message.model[:100])

@@ -70,3 +70,35 @@ def test_what_can_and_cannot_rerank(tiny_cross_encoder, tmp_path):
         resolve_spec(ModelSpec(model=str(tiny_cross_encoder), pooling_strategy="cls"))
     spec = resolve_spec(ModelSpec(model=str(tiny_cross_encoder)))
     assert spec.kind == "rerank" and spec.embedding_dim == 1
+
+
+def test_int8_reranking_is_checked_by_rank_correlation_and_refused_below_the_bar(tiny_cross_encoder):
+    import dataclasses
+
+    from encoder_server.model.model_cache import onnx_files
+    from encoder_server.model.quantization_check import check_int8
+
+    spec = resolve_spec(ModelSpec(model=str(tiny_cross_encoder), quantize="int8", min_quant_cosine=0.1))
+    fp32_file, int8_file = onnx_files(spec)
+    low, mean, agreement = check_int8(spec, fp32_file, int8_file)
+    assert 0.1 < low <= mean <= 1.0 and 0 < agreement <= 1.0
+    with pytest.raises(ConfigError, match=r"int8 refused: .*rank correlation min .*mean .*top-3 agreement"):
+        check_int8(dataclasses.replace(spec, min_quant_cosine=2.0), fp32_file, int8_file)  # above any correlation
+
+
+def test_check_compares_every_served_model_with_sentence_transformers(tiny_model, tiny_cross_encoder, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import short_tmpdir
+
+    models = tmp_path / "models.toml"
+    models.write_text(f'[[models]]\nname = "e"\nmodel = "{tiny_model}"\npooling_layer = -1\n'  # as ST pools it
+                      f'[[models]]\nname = "r"\nmodel = "{tiny_cross_encoder}"\n')
+    checked = subprocess.run([sys.executable, "-m", "encoder_server.cli", "check", "--models", str(models)],
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(short_tmpdir(tmp_path))})
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "e: 32 floats per embedding" in checked.stdout and "same rows" in checked.stdout
+    assert "r: reranker, Sigmoid scores" in checked.stdout and "same order: same scores" in checked.stdout

@@ -4,11 +4,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from encoder_client.protocol import BAD_REQUEST, NOT_FOUND, ProtocolError
+from encoder_client.protocol import BAD_REQUEST, NOT_FOUND, TOO_LARGE, ProtocolError
 from encoder_server.server.intake import EncodeRequest, model_choices, served_model
 
 SERVED = (SimpleNamespace(model_name=("minilm", "text-embedding-ada-002"), name="minilm", kind="embed"),
-          SimpleNamespace(model_name=("ce", "reranker"), name="ce", kind="rerank", normalize=False),
+          SimpleNamespace(model_name=("ce", "reranker"), name="ce", kind="rerank", normalize=False, truncate_at=128),
           SimpleNamespace(model_name=("e5",), name="e5", kind="embed"))
 
 
@@ -41,3 +41,10 @@ def test_a_rerank_request_carries_its_query_and_takes_no_prompt():
                                                                             "truncate": True}
     with pytest.raises(ProtocolError, match="takes no prompt"):
         model_choices(request(query="q", prompt="query: "), SERVED[1])
+
+
+def test_a_query_far_too_long_for_any_pair_is_refused_before_it_is_copied_into_every_job():
+    with pytest.raises(ProtocolError, match="the query has 1025 characters.*shorten the query") as error:
+        model_choices(request(query="q" * 1025), SERVED[1])
+    assert error.value.code == TOO_LARGE
+    assert model_choices(request(query="q" * 1024), SERVED[1])["query"] == "q" * 1024
