@@ -18,6 +18,7 @@ Cells (medians of --repeats rounds, pairs of a short query and medium documents)
 """
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -141,18 +142,24 @@ def main(argv=None):
     parser.add_argument("--single", type=int, default=40, help="requests per batch-1 latency cell")
     parser.add_argument("--probes", type=int, default=200, help="rerank requests per isolation cell")
     parser.add_argument("--out", default="benchmark/results/issue29-rerank")
+    parser.add_argument("--memory-only", action="store_true", help="measure memory alone, into --out's results")
     args = parser.parse_args(argv)
     import torch
     from sentence_transformers import CrossEncoder
 
     work = Path(tempfile.mkdtemp(prefix="bench-rerank-"))
     folder = Path(args.model) if args.model else minilm_cross_encoder(work)
-    cores = len(__import__("os").sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cores)
     cross_encoder = CrossEncoder(str(folder), device="cpu")
     queries, documents = corpus_texts("short", 16, seed=29), corpus_texts("medium", 100, seed=29)
     models = work / "models.toml"
     models.write_text(f'[[models]]\nname = "embedder"\n\n[[models]]\nname = "reranker"\nmodel = "{folder}"\n')
+    out = Path(args.out)
+    if args.memory_only:
+        result = json.loads((out / "results.json").read_text())
+        result["memory_pss_mb"] = memory_cell(folder, models, work, queries, documents)
+        return _write(out, result)
     rounds, isolation = [], []
     for _ in range(args.repeats):
         with Service("rerank", model=folder, log_dir=work) as service:
@@ -161,11 +168,17 @@ def main(argv=None):
             isolation.append(isolation_round(service, queries, documents, corpus_texts("medium", 256, seed=3),
                                              args.probes))
         print(json.dumps({"rerank": rounds[-1], "isolation": isolation[-1]}), flush=True)
-    result = {"cores": cores, "model": str(args.model or "MiniLM-L6-sized cross-encoder (random head)"),
+    from .run import _machine
+
+    result = {"cores": cores, "machine": _machine(),
+              "model": str(args.model or "MiniLM-L6-sized cross-encoder (random head)"),
               "repeats": args.repeats, "rerank": _medians(rounds), "isolation": _medians(isolation),
               "memory_pss_mb": memory_cell(folder, models, work, queries, documents),
               "rounds": {"rerank": rounds, "isolation": isolation}}
-    out = Path(args.out)
+    _write(out, result)
+
+
+def _write(out, result):
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=1))
     (out / "RESULTS.md").write_text(table(result))
@@ -180,7 +193,9 @@ def _medians(rounds):
 def table(result):
     served, st = result["rerank"]["service"], result["rerank"]["sentence-transformers"]
     iso = result["isolation"]
-    lines = [f"Reranking on {result['cores']} cores, {result['model']}; medians of {result['repeats']} rounds.", "",
+    machine = result.get("machine", {})
+    lines = [f"Reranking on {result['cores']} cores ({machine.get('cpu', '?')}, {machine.get('isa', '?')}, "
+             f"{machine.get('date', '?')}), {result['model']}; medians of {result['repeats']} rounds.", "",
              "| pairs/s | 1 query x 100 docs | 16 queries x 50 docs | batch-1 (1 x 20 docs) p50 / p95 ms |",
              "|---|---|---|---|"]
     for name, row in (("service (rerank, ZeroMQ)", served), ("sentence-transformers CrossEncoder.predict", st)):
