@@ -1,6 +1,9 @@
 """Reranking, and two models in one server, measured: the service's `rerank` (ZeroMQ client) against
 sentence-transformers' CrossEncoder.predict in-process, on the same pairs and threads.
 
+With --infinity, infinity's own server (`infinity_emb v2`, torch on the CPU) reranks the same pairs
+over its /rerank route beside them.
+
 The cross-encoder is MiniLM-L6-sized: the bundled all-MiniLM-L6-v2's encoder under a random
 one-label head, saved by CrossEncoder (no cross-encoder ships in a package here;
 cross-encoder/ms-marco-MiniLM-L6-v2 has the same shape, so the same cost), or --model DIR.
@@ -17,6 +20,7 @@ Cells (medians of --repeats rounds, pairs of a short query and medium documents)
   serving the embedder and the reranker, through the same requests.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -29,7 +33,7 @@ from pathlib import Path
 from encoder_server.model.model_folder import default_model_path
 
 from .corpus import texts as corpus_texts
-from .engines import Service
+from .engines import Infinity, Service
 
 
 def minilm_cross_encoder(folder):
@@ -68,7 +72,9 @@ def quantile(values, q):
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def throughput_round(service, cross_encoder, queries, documents, single):
+def throughput_round(service, cross_encoder, queries, documents, single, infinity=None):
+    """Each engine's cells: `service` (ours), sentence-transformers in-process and, when it runs,
+    `infinity` (an engines.Infinity)."""
     from encoder_client import EncoderClient
 
     local = threading.local()
@@ -81,8 +87,19 @@ def throughput_round(service, cross_encoder, queries, documents, single):
     def in_process(query, docs):
         return cross_encoder.predict([(query, doc) for doc in docs], batch_size=32)
 
+    def over_http(query, docs):
+        import requests
+        if not hasattr(local, "session"):
+            local.session = requests.Session()
+        reply = local.session.post(f"{infinity.url}/rerank", json={"model": "bench", "query": query,
+                                                                   "documents": docs}, timeout=600)
+        reply.raise_for_status()
+        if len(reply.json()["results"]) != len(docs):
+            raise RuntimeError("infinity returned the wrong number of scores")
+
+    engines = [("service", served), ("sentence-transformers", in_process)]
     row = {}
-    for name, rerank in (("service", served), ("sentence-transformers", in_process)):
+    for name, rerank in engines + ([("infinity", over_http)] if infinity else []):
         row[name] = {"1x100": pairs_per_second(rerank, queries[:1], documents[:100], 1),
                      "16x50": pairs_per_second(rerank, queries[:16], documents[:50], 16)}
         times = latencies_ms(rerank, queries[0], documents[:20], single)
@@ -143,6 +160,8 @@ def main(argv=None):
     parser.add_argument("--probes", type=int, default=200, help="rerank requests per isolation cell")
     parser.add_argument("--out", default="benchmark/results/issue29-rerank")
     parser.add_argument("--memory-only", action="store_true", help="measure memory alone, into --out's results")
+    parser.add_argument("--infinity", help="infinity_emb's executable (in a venv of its own: pip install "
+                                           "'infinity-emb[server,torch]' torch==2.13.0)")
     args = parser.parse_args(argv)
     import torch
     from sentence_transformers import CrossEncoder
@@ -162,8 +181,9 @@ def main(argv=None):
         return _write(out, result)
     rounds, isolation = [], []
     for _ in range(args.repeats):
-        with Service("rerank", model=folder, log_dir=work) as service:
-            rounds.append(throughput_round(service, cross_encoder, queries, documents, args.single))
+        with Service("rerank", model=folder, log_dir=work) as service, \
+                (Infinity(args.infinity, folder, log_dir=work) if args.infinity else contextlib.nullcontext()) as peer:
+            rounds.append(throughput_round(service, cross_encoder, queries, documents, args.single, peer))
         with Service("two models", flags=("--models", str(models)), log_dir=work) as service:
             isolation.append(isolation_round(service, queries, documents, corpus_texts("medium", 256, seed=3),
                                              args.probes))
@@ -198,11 +218,15 @@ def table(result):
              f"{machine.get('date', '?')}), {result['model']}; medians of {result['repeats']} rounds.", "",
              "| pairs/s | 1 query x 100 docs | 16 queries x 50 docs | batch-1 (1 x 20 docs) p50 / p95 ms |",
              "|---|---|---|---|"]
-    for name, row in (("service (rerank, ZeroMQ)", served), ("sentence-transformers CrossEncoder.predict", st)):
+    engines = [("service (rerank, ZeroMQ)", served), ("sentence-transformers CrossEncoder.predict", st)]
+    if "infinity" in result["rerank"]:
+        engines.append(("infinity /rerank (torch, HTTP)", result["rerank"]["infinity"]))
+    for name, row in engines:
         lines.append(f"| {name} | {row['1x100']:.0f} | {row['16x50']:.0f} | "
                      f"{row['batch1_p50_ms']:.1f} / {row['batch1_p95_ms']:.1f} |")
-    lines.append(f"| service / sentence-transformers | {served['1x100'] / st['1x100']:.2f}x | "
-                 f"{served['16x50'] / st['16x50']:.2f}x | |")
+    for name, row in engines[1:]:
+        lines.append(f"| service / {name.split(' ')[0]} | {served['1x100'] / row['1x100']:.2f}x | "
+                     f"{served['16x50'] / row['16x50']:.2f}x | |")
     lines += ["", "| rerank 1 x 5 docs on a two-model server | p50 ms | p99 ms |", "|---|---|---|"]
     for name, row in iso.items():
         lines.append(f"| {name} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} |")

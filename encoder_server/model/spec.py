@@ -129,7 +129,8 @@ def resolve_spec(chosen):
         pooling_source="sentence-transformers config" if from_st else "bert-as-service defaults",
         include_prompt=info.st_include_prompt, prompts={**info.prompts, **(chosen.prompts or {})},
         default_prompt_name=unless_chosen(chosen.default_prompt_name, info.default_prompt_name),
-        max_seq_len=_resolve_max_seq_len(chosen.max_seq_len, info, from_st),
+        # a CrossEncoder folder has no Pooling, but sentence-transformers reads its max_seq_length too
+        max_seq_len=_resolve_max_seq_len(chosen.max_seq_len, info, from_st or info.classifier_labels is not None),
         num_layers=info.num_layers, hidden_size=info.hidden_size,
         backend=chosen.backend or default_backend(device),
         threads_per_worker=unless_chosen(chosen.threads_per_worker, 1 if device == "cuda" else usable_cpus()),

@@ -158,3 +158,13 @@ def test_requests_nobody_listens_for_are_given_up_after_the_grace():
     assert assembler.abandoned(listening, grace=10, now=start + 5) == []
     assert assembler.abandoned(listening, grace=10, now=start + 11) == [1]
     assert len(assembler) == 1
+
+
+def test_a_part_of_another_models_width_is_refused_once_the_request_is_registered():
+    from encoder_server.server.assembly import PartError
+
+    assembler = Assembler()
+    assembler.register(3, Registration(b"c", 1, rows=4, width=1))  # a reranker's: one score per row
+    with pytest.raises(PartError, match="8 values per row does not fit request 3, whose model gives 1"):
+        assembler.add_part(3, 0, np.zeros((2, 8), dtype=np.float32))
+    assert assembler.add_part(3, 0, np.ones((4, 1), dtype=np.float32)).array.shape == (4, 1)

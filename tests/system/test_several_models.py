@@ -2,6 +2,7 @@
 the model it names, embeddings equal sentence-transformers', scores equal CrossEncoder.predict's,
 on every client, and a flood on one model does not hold up the other's requests."""
 import asyncio
+import json
 
 import numpy as np
 import pytest
@@ -111,3 +112,21 @@ def test_a_flood_on_the_embedder_does_not_queue_the_rerankers_requests(several_m
         embedder = client.server_status["models"]["embedder"]
         assert embedder["queue_depth"]["bulk"] > 0, "the flood ended before the rerank requests did"
         assert [len(result) for result in flooder.fetch_all()] == [2000] * 12
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"query": 5}, "query must be a str"), ({"model": ["reranker"]}, "model must be a str"),
+    ({"query": "q", "raw_scores": "yes"}, "raw_scores must be a bool"), ({"query": "\u200b"}, "query is empty"),
+    ({"query": "q", "show_tokens": True}, "show_tokens"), ({"model": "x" * 10_000}, "is not served here"),
+    ({"query": "q " * 100_000}, "shorten the query"), ({"query": "q", "prompt": "p: "}, "takes no prompt")])
+def test_malformed_rerank_and_model_options_get_errors_and_the_server_serves_on(several_models_server, options,
+                                                                                words):
+    from conftest import raw_sockets, replies
+
+    push, sub = raw_sockets(several_models_server, b"hostile-rerank")
+    push.send_multipart([b"hostile-rerank", json.dumps(["a document"]).encode(), b"7", b"1",
+                         json.dumps(options).encode()])
+    (reply,) = replies(sub, 1)
+    assert words in reply[1]["error"], reply[1]
+    with several_models_server.client() as client:
+        assert len(client.rerank(QUERY, ["still serving"])) == 1
