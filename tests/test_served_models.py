@@ -87,3 +87,13 @@ def test_start_takes_model_several_times_and_the_models_file_from_the_environmen
     assert args.model == ["a", "b"] and args.models is None
     monkeypatch.setenv("ENCODER_SERVER_MODELS", "/etc/models.toml")
     assert _parser().parse_args(["check"]).models == "/etc/models.toml"
+
+
+def test_the_readme_models_file_example_reads(tmp_path):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    example = "#" + readme.split("```toml\n#", 1)[1].split("```", 1)[0]
+    entries = read_models_file(models_file(tmp_path, example))
+    assert [entry["names"][0] for entry in entries] == ["minilm", "e5", "reranker"]
+    assert "model" not in entries[0] and entries[2]["kind"] == "rerank"

@@ -107,13 +107,11 @@ class ServerLink:
         return [name for model in self.models for name in model.get("model_names") or [model.get("model_name")]]
 
     def model_named(self, name):
-        """The config entry of the model answering to `name`; None: there is none. A `name` of None
-        is the default model, or with `kind`, the first model of that kind."""
-        if name is None:
-            return self.models[0] if self.models else None
+        """The config entry of the model answering to `name`; None when none does."""
         return next((model for model in self.models if name in (model.get("model_names") or [])), None)
 
     def first_of_kind(self, kind):
+        """The config entry of the first model of `kind` (embed or rerank); None when none is."""
         return next((model for model in self.models if model.get("kind", "embed") == kind), None)
 
     @property

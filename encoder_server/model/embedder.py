@@ -45,8 +45,8 @@ class Embedder:
         return rows
 
     def finish(self, rows, normalize=None):
-        """Rows as served: L2-normalized when `normalize` says so (None: as the model says). The
-        worker passes a job's `normalize`, a Reranker's `finish` a job's `raw_scores`."""
+        """Rows as served: L2-normalized when `normalize` says so (None: as the model says). (A
+        Reranker's `finish` takes `raw` instead.)"""
         return normalize_rows(rows) if (self.spec.normalize if normalize is None else normalize) else rows
 
     def embed_texts(self, texts, prompt=None, normalize=None):
