@@ -51,16 +51,17 @@ class Reranker:
 
     def score(self, query, documents, raw=False):
         """One score per document, [len(documents)] float32, in input order."""
-        encoding = self.tokenize(documents, query=query)
-        rows = np.zeros((len(documents), 1), dtype=np.float32)
-        for group, inputs in plan_passes(encoding, self.spec.max_batch_tokens, self.spec.max_batch_size,
-                                         self.tokenizer.pad_id):
-            rows[group] = self.run(inputs)
-        return self.finish(rows, raw)[:, 0]
+        return self.finish(self._raw_rows(self.tokenize(documents, query=query)), raw)[:, 0]
 
     def warm_up(self, texts):
+        """Run each session once, so that no request pays for a first pass."""
         for alone in {False, self.lone_backend is not None}:
-            encoding = self.tokenize(texts, query=texts[0])
-            for _, inputs in plan_passes(encoding, self.spec.max_batch_tokens, self.spec.max_batch_size,
+            self._raw_rows(self.tokenize(texts, query=texts[0]), alone)
+
+    def _raw_rows(self, encoding, alone=False):
+        """Raw scores [rows, 1] of tokenized pairs, in passes under the token budget, in input order."""
+        rows = np.zeros((len(encoding), 1), dtype=np.float32)
+        for group, inputs in plan_passes(encoding, self.spec.max_batch_tokens, self.spec.max_batch_size,
                                          self.tokenizer.pad_id):
-                self.run(inputs, alone)
+            rows[group] = self.run(inputs, alone)
+        return rows
