@@ -4,16 +4,14 @@ Many `encode` calls may run at once on one client: each request waits on a futur
 which one reader task resolves by request id. The errors and timeouts are the sync client's.
 """
 import asyncio
-from dataclasses import dataclass
 
-import numpy as np
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
 from .keys import as_identity, curve_keys
-from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, ReplyReader, decode_reply, encode_request, refusal_topic,
+from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, EncodeResult, ReplyReader, decode_reply, encode_request, refusal_topic,
                        topic)
 from .rerank import check_rerank, ranked
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
@@ -21,14 +19,6 @@ from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, ne
 from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket
 
 LISTEN_QUEUE = 1000  # results a slow `listen()` loop may fall behind by before the oldest are dropped
-
-
-@dataclass(frozen=True)
-class EncodeResult:
-    embeddings: np.ndarray
-    num_tokens: int        # tokens the server computed, [CLS]/[SEP] included, after truncation
-    tokens: list = None    # WordPiece tokens per text, when asked for with show_tokens
-    truncated: int = 0     # how many texts were cut at the server's max_seq_len
 
 
 class AsyncEncoderClient:
@@ -83,7 +73,8 @@ class AsyncEncoderClient:
 
     async def encode(self, texts, *, is_tokenized=False, show_tokens=False, retries=0, **model_options):
         """Embed `texts`: an array with one row per text, or (array, tokens) with show_tokens.
-        `model_options` as EncoderClient.encode: prompt, prompt_name, normalize, truncate, model."""
+        `model_options` as EncoderClient.encode: prompt, prompt_name, normalize, truncate, long_texts,
+        dimensions, precision, model."""
         result = await self.encode_result(texts, is_tokenized=is_tokenized, show_tokens=show_tokens,
                                           retries=retries, **model_options)
         return (result.embeddings, result.tokens) if show_tokens else result.embeddings
@@ -95,7 +86,7 @@ class AsyncEncoderClient:
         for attempt in range(retries + 1):
             try:
                 reply = await self._request(*request)
-                return EncodeResult(reply.array, reply.num_tokens, reply.tokens, reply.truncated)
+                return EncodeResult.of(reply)
             except (TimeoutError, ConnectionLostError, ServerBusyError):
                 if attempt == retries:
                     raise

@@ -13,11 +13,12 @@ from zmq.utils.monitor import recv_monitor_message
 from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
 from .keys import as_identity, curve_keys
 from .progress import PROGRESS_CHUNK, chunks, progress_bar
-from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, ReplyReader, decode_reply, encode_request, refusal_topic,
+from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, EncodeResult, ReplyReader, decode_reply, encode_request, refusal_topic,
                        topic)
 from .rerank import check_rerank, ranked
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
+from .sparse import SparseVectors
 from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket
 from .validation import check_texts
 
@@ -66,21 +67,36 @@ class EncoderClient:
     # ----- public API -----
 
     def encode(self, texts, *, is_tokenized=False, show_tokens=False, blocking=True, retries=0,
-               show_progress=False, prompt=None, prompt_name=None, normalize=None, truncate=None, model=None):
+               show_progress=False, prompt=None, prompt_name=None, normalize=None, truncate=None, model=None,
+               long_texts=None, dimensions=None, precision=None, top_k=None):
         """Embed `texts`; returns an array with one row per text, or (array, tokens).
 
         `model` names one of the server's models (None: its default one, the first it serves).
 
         As in sentence-transformers: `prompt` is prepended to each text, or `prompt_name` names one
         of the model's prompts (default: the server's default prompt); `normalize` overrides the
-        model's L2 normalization. With `truncate=False`, a text longer than the server's
-        max_seq_len fails the request (ServerError, code "too_large") instead of being cut.
+        model's L2 normalization.
+
+        `long_texts` says what a text longer than the server's max_seq_len becomes (None: as the
+        server's --long-texts says): "truncate", "error" (the request fails with ServerError, code
+        "too_large"; `truncate=False` says the same) or "chunk" (embedded whole: the token-weighted
+        mean of its windows; `encode_result` tells how many each text took).
+
+        `dimensions` keeps each vector's first values (Matryoshka; renormalized when normalizing),
+        and `precision` is the type served, as in sentence-transformers' quantize_embeddings:
+        "float32" (default), "float16", "int8" and "uint8" (in the ranges that server_config's
+        `calibration` publishes), "binary" and "ubinary" (one bit per dimension, packed).
+
+        A sparse model (SPLADE) gives a SparseVectors (encoder_client.sparse: indices, values and
+        offsets of each row's non-zero entries, `to_scipy()`), each row cut to its `top_k` largest
+        entries when asked; with show_tokens, the tokens are each row's vocabulary entries.
 
         With `retries`, a request that timed out, lost its connection or found the server busy is
         sent again (each try waits up to `timeout`); a late reply to an earlier try is discarded.
         With `show_progress`, a long list is sent as pipelined sub-requests under a tqdm bar.
         """
-        options = dict(prompt=prompt, prompt_name=prompt_name, normalize=normalize, truncate=truncate, model=model)
+        options = dict(prompt=prompt, prompt_name=prompt_name, normalize=normalize, truncate=truncate, model=model,
+                       long_texts=long_texts, dimensions=dimensions, precision=precision, top_k=top_k)
         if show_progress:
             if not blocking:
                 raise ValueError("show_progress needs blocking=True")
@@ -89,6 +105,12 @@ class EncoderClient:
             self._submit(texts, is_tokenized, show_tokens, options)
             return None
         return self._result(*self._call(texts, options, retries, is_tokenized, show_tokens))
+
+    def encode_result(self, texts, *, is_tokenized=False, show_tokens=False, retries=0, **model_options):
+        """Embed `texts`; an EncodeResult: the array, and what the server says of it (tokens computed,
+        texts truncated, windows per text). `model_options` as `encode` takes them."""
+        reply, _ = self._call(texts, model_options, retries, is_tokenized, show_tokens)
+        return EncodeResult.of(reply)
 
     def rerank(self, query, documents, *, top_n=None, return_documents=False, model=None, raw_scores=False,
                truncate=None, retries=0):
@@ -335,10 +357,13 @@ class EncoderClient:
         return (value, reply.tokens) if show_tokens else value
 
     def _format(self, array):
-        return array.tolist() if self.output_fmt == "list" else array
+        """An array as output_fmt says (a sparse model's SparseVectors stay as they are)."""
+        return array.tolist() if self.output_fmt == "list" and isinstance(array, np.ndarray) else array
 
 
 def _concatenate(values, output_fmt):
+    if isinstance(values[0], SparseVectors):
+        return SparseVectors.concat(values)
     if output_fmt == "list":
         return [row for value in values for row in value]
     return np.concatenate(values, axis=0)

@@ -34,6 +34,11 @@ class ConcurrentEncoderClient:
         with self._borrow() as client:
             return client.encode(texts, **kwargs)
 
+    def encode_result(self, texts, **kwargs):
+        """As EncoderClient.encode_result, on a borrowed client."""
+        with self._borrow() as client:
+            return client.encode_result(texts, **kwargs)
+
     def rerank(self, query, documents, **kwargs):
         """As EncoderClient.rerank, on a borrowed client."""
         with self._borrow() as client:

@@ -9,8 +9,11 @@ It keeps bert-as-service's frames so its published client works unchanged:
   so that a subscription to one topic matches that one identity and no other;
 - result: ``[topic, header, body, req_id]`` with ``header = {"dtype", "shape", "tokens",
   "num_tokens", "truncated"}`` (ours: ``num_tokens``, the request's token count after truncation,
-  special tokens included; ``truncated``, how many of its texts were cut at max_seq_len) and
-  ``body`` the raw array bytes;
+  special tokens included; ``truncated``, how many of its texts were cut at max_seq_len; with
+  long_texts=chunk, ``windows``: per text, the windows it was embedded in) and ``body`` the raw
+  array bytes, of ``dtype`` (float32, or the precision asked: float16, int8, uint8); a sparse
+  model's rows are SparseVectors' wire form (encoder_client.sparse) as uint8 bytes, the header's
+  ``sparse`` giving their ``rows``, ``nnz`` and ``dim``;
 - error: ``[topic, {"error": message, "code": code}, b"", req_id]``, where ``code`` (ours, may
   be absent) says what kind of refusal it is, one of ERROR_CODES;
 - reply to a command: ``[topic, json, req_id]``;
@@ -31,6 +34,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .sparse import SparseVectors
 
 PROTOCOL_VERSION = 2
 DEFAULT_PORT, DEFAULT_PORT_OUT = 5555, 5556  # the server's request and result ports
@@ -90,6 +95,21 @@ class Reply:
     code: str = None
     num_tokens: int = None
     truncated: int = 0
+    windows: list = None  # per text, the windows a long text was cut into (long_texts=chunk)
+
+
+@dataclass(frozen=True)
+class EncodeResult:
+    """A result with what the server says of it."""
+    embeddings: np.ndarray  # float32, or the precision asked for
+    num_tokens: int         # tokens the server computed, [CLS]/[SEP] included, after truncation
+    tokens: list = None     # WordPiece tokens per text, when asked for with show_tokens
+    truncated: int = 0      # how many texts were cut at the server's max_seq_len
+    windows: list = None    # with long_texts="chunk": per text, the windows it was embedded in
+
+    @classmethod
+    def of(cls, reply):
+        return cls(reply.array, reply.num_tokens, reply.tokens, reply.truncated, reply.windows)
 
 
 def check_identity(identity):
@@ -145,27 +165,39 @@ def decode_texts(request):
         raise ProtocolError("payload is nested too deeply", request.identity, request.req_id) from None
 
 
-def encode_result(identity, req_id, array, tokens=None, num_tokens=None, truncated=0):
-    header = {"dtype": str(array.dtype), "shape": list(array.shape), "tokens": tokens or "",
-              "num_tokens": num_tokens, "truncated": truncated}
+def encode_result(identity, req_id, array, tokens=None, num_tokens=None, truncated=0, windows=None):
+    array, layout = _layout(array)
+    header = {**layout, "tokens": tokens or "", "num_tokens": num_tokens, "truncated": truncated,
+              **({"windows": windows} if windows else {})}
     return [topic(identity), json.dumps(header).encode(), memoryview(np.ascontiguousarray(array)).cast("B"),
             b"%d" % req_id]
 
 
-def result_messages(identity, req_id, array, tokens=None, num_tokens=None, truncated=0, streamed=False):
+def result_messages(identity, req_id, array, tokens=None, num_tokens=None, truncated=0, streamed=False,
+                    windows=None):
     """The messages that carry one result, made as they are taken: encode_result's one, or with
     `streamed`, one per CHUNK_BYTES of the array, each with its own copy of its bytes (so a chunk
     waiting to be read keeps no more of the array alive than itself)."""
-    body = memoryview(np.ascontiguousarray(array)).cast("B")
+    sent, layout = _layout(array)
+    body = memoryview(np.ascontiguousarray(sent)).cast("B")
     if not streamed or len(body) <= CHUNK_BYTES:
-        yield encode_result(identity, req_id, array, tokens, num_tokens, truncated)
+        yield encode_result(identity, req_id, array, tokens, num_tokens, truncated, windows)
         return
-    header = {"dtype": str(array.dtype), "shape": list(array.shape), "num_tokens": num_tokens,
-              "truncated": truncated}
+    header = {**layout, "num_tokens": num_tokens, "truncated": truncated, **({"windows": windows} if windows else {})}
     for offset in range(0, len(body), CHUNK_BYTES):
         yield [topic(identity), json.dumps({**header, "tokens": (tokens or "") if offset == 0 else "",
                                             "offset": offset}).encode(), bytes(body[offset:offset + CHUNK_BYTES]),
                b"%d" % req_id]
+
+
+def _layout(array):
+    """(the array whose bytes are sent, the header's dtype and shape): sparse rows as their wire form,
+    uint8 bytes, with `sparse` saying how to read them."""
+    if not isinstance(array, SparseVectors):
+        return array, {"dtype": str(array.dtype), "shape": list(array.shape)}
+    body = np.frombuffer(array.to_bytes(), dtype=np.uint8)
+    return body, {"dtype": "uint8", "shape": [len(body)],
+                  "sparse": {"rows": len(array), "nnz": array.nnz, "dim": array.dim}}
 
 
 def encode_error(identity, req_id, message, code=None):
@@ -197,9 +229,11 @@ def _reply(header, frames):
 
 
 def _result(req_id, header, body):
-    array = np.frombuffer(body, dtype=header["dtype"]).reshape(header["shape"])
+    sparse = header.get("sparse")
+    array = SparseVectors.from_bytes(body, **sparse) if sparse else \
+        np.frombuffer(body, dtype=header["dtype"]).reshape(header["shape"])
     return Reply(req_id, array=array, tokens=header.get("tokens") or None, num_tokens=header.get("num_tokens"),
-                 truncated=header.get("truncated") or 0)
+                 truncated=header.get("truncated") or 0, windows=header.get("windows"))
 
 
 class ReplyReader:

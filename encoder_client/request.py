@@ -11,9 +11,12 @@ RETRY_PAUSE = (0.1, 2.0)   # first and longest pause between resends
 
 
 # what an encode request may ask of the model, as sentence-transformers names it, and its type: `model`
-# names one of the server's models (None: its default), `query` and `raw_scores` are a rerank request's
+# names one of the server's models (None: its default), `query` and `raw_scores` are a rerank request's;
+# `long_texts`, `dimensions` and `precision` shape what is served (the server checks their values), and
+# `top_k` caps a sparse model's non-zero entries per row
 MODEL_OPTIONS = {"prompt": str, "prompt_name": str, "normalize": bool, "truncate": bool, "model": str,
-                 "query": str, "raw_scores": bool}
+                 "query": str, "raw_scores": bool, "long_texts": str, "dimensions": int, "precision": str,
+                 "top_k": int}
 
 
 def check_model_options(options):
@@ -22,7 +25,7 @@ def check_model_options(options):
     for name, value in chosen.items():
         if name not in MODEL_OPTIONS:
             raise TypeError(f"unknown encode option {name!r}; the options are {', '.join(MODEL_OPTIONS)}")
-        if not isinstance(value, MODEL_OPTIONS[name]):
+        if not isinstance(value, MODEL_OPTIONS[name]) or (isinstance(value, bool) and MODEL_OPTIONS[name] is int):
             raise TypeError(f"{name} must be a {MODEL_OPTIONS[name].__name__}, got {type(value).__name__}")
         if isinstance(value, str):
             check_unicode(value, name)

@@ -49,6 +49,9 @@ def _log_model(log, model):
     if model.kind == "rerank":
         log.info("reranks (query, document) pairs: one score each, through %s",
                  model.score_activation.rsplit(".", 1)[-1])
+    elif model.kind == "sparse":
+        log.info("sparse: SPLADE %s pooling over %d vocabulary entries%s", model.splade_pooling, model.embedding_dim,
+                 f", {model.max_active_dims} kept a row" if model.max_active_dims else "")
     else:
         head = "".join(f" + {layer.describe()}" for layer in model.head)
         log.info("pooling: %s%s (%s), %d floats per embedding", model.pooling.describe(), head, model.pooling_source,

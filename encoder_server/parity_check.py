@@ -2,7 +2,8 @@
 and through sentence-transformers itself, for each served model; prints the row cosines and the
 width, exits non-zero below MIN_COSINE (or when sentence-transformers is missing, since nothing was
 compared). A reranker's scores for a few queries over the sample are compared with
-CrossEncoder.predict's.
+CrossEncoder.predict's, and a sparse model's rows with SparseEncoder.encode's (the same non-zero
+entries, values within MAX_SPARSE_DIFFERENCE of the largest).
 
 With --quantize int8 the served rows are int8's and the reference stays sentence-transformers'
 fp32: it prints the figures that say what int8 costs (min and mean row cosine, and how many of
@@ -23,6 +24,7 @@ from .settings import resolve
 
 MIN_COSINE = 0.9999
 MAX_SCORE_DIFFERENCE = 1e-4
+MAX_SPARSE_DIFFERENCE = 1e-4  # relative to the largest value
 NO_REFERENCE = "sentence-transformers is not installed, so nothing was compared: pip install sentence-transformers"
 QUERIES = ["How do I reset my password?", "Where does the cat sleep?", "What is the capital of Japan?"]
 SAMPLE = ["A man is eating food.", "The girl is carrying a baby.", "How do I reset my password?",
@@ -46,8 +48,8 @@ def check(start_flags, choices):
     finally:
         server.terminate()
         server.wait(60)
-    return max(_check_reranker(model, rows) if model.kind == "rerank" else _check_embedder(model, rows)
-               for model, rows in served)
+    checks = {"rerank": _check_reranker, "sparse": _check_sparse, "embed": _check_embedder}
+    return max(checks[model.kind](model, rows) for model, rows in served)
 
 
 def _served(client, model):
@@ -102,6 +104,25 @@ def _check_reranker(settings, served):
     print(f"scores against CrossEncoder.predict over {len(QUERIES)} queries x {len(SAMPLE)} texts: largest "
           f"difference {difference:.2e}, {'same' if same_order else 'DIFFERENT'} order: "
           f"{'same scores' if good else 'DIFFERENT'}")
+    return 0 if good else 1
+
+
+def _check_sparse(settings, served):
+    """The served sparse rows against SparseEncoder.encode's: the same entries, the same values."""
+    print(f"{settings.name}: sparse, {settings.embedding_dim} vocabulary entries a row "
+          f"({settings.splade_pooling} pooling)")
+    try:
+        from sentence_transformers import SparseEncoder
+    except ImportError:
+        print(NO_REFERENCE)
+        return 1
+    reference = SparseEncoder(settings.model, device="cpu").encode(SAMPLE, convert_to_tensor=True)
+    reference, served = reference.to_dense().numpy(), served.to_dense()
+    same_entries = bool(np.array_equal(reference != 0, served != 0))
+    difference = float(np.abs(served - reference).max() / max(np.abs(reference).max(), 1e-12))
+    good = same_entries and difference <= MAX_SPARSE_DIFFERENCE
+    print(f"against SparseEncoder.encode over {len(SAMPLE)} texts: {'same' if same_entries else 'DIFFERENT'} non-zero "
+          f"entries, largest difference {difference:.2e} of the largest value: {'same rows' if good else 'DIFFERENT'}")
     return 0 if good else 1
 
 

@@ -77,9 +77,43 @@ def build_tiny_cross_encoder(folder, architecture="bert", seed=0, max_positions=
     return folder
 
 
+def build_tiny_sparse_encoder(folder, pooling="max", seed=0, max_seq_length=48):
+    """A random 2-layer SPLADE model saved by sentence-transformers' SparseEncoder (a BERT masked-
+    language model, then SpladePooling with `pooling`), texts cut at `max_seq_length` tokens. Half
+    the vocabulary has its MLM bias at -3, so its weights are almost always 0: rows have real zeros."""
+    import torch
+    from sentence_transformers import SparseEncoder
+    from transformers import BertConfig, BertForMaskedLM
+
+    folder = Path(folder)
+    plain = build_tiny_bert(folder.parent / f"{folder.name}-plain")  # its vocabulary and tokenizer
+    vocab_size = len((plain / "vocab.txt").read_text().split())
+    config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=37, max_position_embeddings=64, initializer_range=0.2)
+    torch.manual_seed(seed)
+    model = BertForMaskedLM(config).eval()
+    with torch.no_grad():
+        model.cls.predictions.bias.copy_(torch.where(torch.rand(vocab_size) < 0.5, -3.0, 0.0))
+    for name in ("config.json", "model.safetensors"):
+        (plain / name).unlink()
+    model.save_pretrained(plain)
+    encoder = SparseEncoder(str(plain), device="cpu")
+    encoder[1].pooling_strategy = pooling
+    encoder.max_seq_length = max_seq_length
+    encoder.save_pretrained(str(folder))
+    shutil.rmtree(plain)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_cross_encoder(tmp_path_factory):
     return build_tiny_cross_encoder(tmp_path_factory.mktemp("ce") / "tiny-ce")
+
+
+@pytest.fixture(scope="session")
+def tiny_sparse_encoder(tmp_path_factory):
+    """A tiny random SPLADE model with max pooling (build_tiny_sparse_encoder)."""
+    return build_tiny_sparse_encoder(tmp_path_factory.mktemp("sparse") / "tiny-sparse")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -265,6 +299,19 @@ max_batch_size = 16
     http_port = free_port()
     with running_server(None, "--models", str(folder / "models.toml"), "--num-worker", "1", "--http-port",
                         str(http_port), "--http-host", "127.0.0.1", tmp_path=folder) as server:
+        server.http_url = f"http://127.0.0.1:{http_port}"
+        wait_for(lambda: _http_ready(server.http_url), timeout=60)
+        yield server
+
+
+@pytest.fixture(scope="session")
+def sparse_server(tiny_model, tiny_sparse_encoder, tmp_path_factory):
+    """One server of the tiny SPLADE model (`sparse`, the default) and the tiny BERT (`embedder`), with
+    its HTTP gateway on `server.http_url` and tokens allowed; jobs of 16 texts."""
+    http_port = free_port()
+    with running_server(tiny_sparse_encoder, "--model", tiny_model, "--num-worker", "1", "--max-batch-size", "16",
+                        "--show-tokens-to-client", "--http-port", str(http_port),
+                        tmp_path=tmp_path_factory.mktemp("sparse-server")) as server:
         server.http_url = f"http://127.0.0.1:{http_port}"
         wait_for(lambda: _http_ready(server.http_url), timeout=60)
         yield server

@@ -4,7 +4,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import MODEL_OPTIONS, shards
+from . import MODEL_OPTIONS, REQUEST_OPTIONS, shards
 from .job import run_shards, stage_input
 from .source import InputError, input_format
 
@@ -44,7 +44,8 @@ def _plan(args):
     stat = source.stat()
     options = {name: _plain(getattr(args, name)) for name in MODEL_OPTIONS if getattr(args, name) is not None}
     if args.connect:
-        options = {"address": args.connect, **{name: _plain(getattr(args, name)) for name in SERVER_OPTIONS}}
+        options = {"address": args.connect, **{name: _plain(getattr(args, name)) for name in SERVER_OPTIONS},
+                   **{name: options[name] for name in REQUEST_OPTIONS if name in options}}
     return shards.Plan(input=str(source.resolve()), input_size=stat.st_size, input_mtime_ns=stat.st_mtime_ns,
                        column=args.column, id_column=args.id_column, options=options, shard_rows=args.shard_rows)
 

@@ -9,6 +9,7 @@ from encoder_client.version import __version__
 
 from .auth import ApiKeyMiddleware
 from .bert_routes import bert_router
+from .cohere_routes import cohere_router
 from .body_limit import BodyLimitMiddleware
 from .errors import install_handlers
 from .link import ServerLink
@@ -16,6 +17,7 @@ from .metrics import GatewayMetrics, HttpMetricsMiddleware
 from .openai_routes import openai_router
 from .ops_routes import ops_router
 from .rerank_routes import rerank_router
+from .sparse_routes import sparse_router
 
 log = logging.getLogger("gateway")
 
@@ -45,6 +47,8 @@ def create_app(client_or_factory, *, api_key=None, body_timeout=None):
     app.include_router(openai_router(link))
     app.include_router(bert_router(link))
     app.include_router(rerank_router(link))
+    app.include_router(cohere_router(link))
+    app.include_router(sparse_router(link))
     app.include_router(ops_router(link, metrics))
     install_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=lambda: link.max_request_bytes, timeout=body_timeout)

@@ -10,7 +10,7 @@ from .errors import GatewayError, render
 
 # the embedding and model routes, and the API's schema; /health, /ready, /metrics, / and /status.json stay
 # open for probes, scrapers and the status page (its script cannot send the key); /docs and /redoc are off
-PROTECTED = ("/v1/", "/v2/", "/encode", "/rerank", "/openapi.json")
+PROTECTED = ("/v1/", "/v2/", "/encode", "/embed_sparse", "/rerank", "/openapi.json")
 
 
 class ApiKeyMiddleware:

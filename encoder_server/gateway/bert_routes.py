@@ -1,5 +1,6 @@
 """POST /encode, as bert-as-service's HTTP server: {"id", "texts", "is_tokenized"} -> {"id", "result", "status"},
-plus our options (prompt, prompt_name, normalize, truncate) and how many texts were truncated."""
+plus our options (prompt, prompt_name, normalize, truncate, long_texts, dimensions, precision, model), how
+many texts were truncated and, with long_texts=chunk, the windows of each text."""
 import json
 import math
 
@@ -30,13 +31,14 @@ def bert_router(link):
             raise GatewayError(400, str(error)) from None
         result = await link.encode(texts, is_tokenized, **_model_options(body))
         return ArrayJSONResponse({"id": body.get("id"), "result": result.embeddings, "status": 200,
-                                  "truncated": result.truncated})
+                                  "truncated": result.truncated, **({"windows": result.windows} if result.windows
+                                                                    else {})})
 
     return router
 
 
 def _model_options(body):
-    """prompt, prompt_name, normalize and truncate, as given; a 400 naming one of the wrong type."""
+    """The options of encoder_client.request.MODEL_OPTIONS, as given; a 400 naming one of the wrong type."""
     try:
         return check_model_options({name: body.get(name) for name in MODEL_OPTIONS})
     except (TypeError, ValueError) as error:

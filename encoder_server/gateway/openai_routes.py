@@ -7,7 +7,7 @@ from .array_json import ArrayJSONResponse
 from .errors import GatewayError
 from .limits import RETRY_LATER
 from .openai_schema import (EmbeddingRequest, check_dimensions, embedding_response, model_card, model_not_found,
-                            shorten, texts_from_input)
+                            texts_from_input)
 
 
 def openai_router(link):
@@ -18,15 +18,16 @@ def openai_router(link):
         model = check_model(link, body.model)
         texts = texts_from_input(body.input)
         if model.get("kind", "embed") != "embed":
-            raise GatewayError(400, f"the model `{body.model}` is a reranker: POST /v1/rerank", param="model")
+            route = "/v1/rerank" if model["kind"] == "rerank" else "/embed_sparse"
+            raise GatewayError(400, f"the model `{body.model}` is of kind {model['kind']}: POST {route}",
+                               param="model")
         if model.get("pooling_strategy") == TOKEN_LEVEL:
             raise GatewayError(400, "this model returns token-level embeddings (--pooling-strategy none); "
                                     "use POST /encode for those", param="model")
         check_dimensions(body.dimensions, model.get("embedding_dim"))
         result = await link.encode(texts, model=model["model_name"], **body.model_options())
-        rows = shorten(result.embeddings, body.dimensions)
-        return ArrayJSONResponse(embedding_response(rows, body.model, result.num_tokens, body.encoding_format,
-                                                    result.truncated))
+        return ArrayJSONResponse(embedding_response(result.embeddings, body.model, result.num_tokens,
+                                                    body.encoding_format, result.truncated, result.windows))
 
     @router.get("/models")
     async def models():
@@ -48,6 +49,21 @@ def check_model(link, name):
     model = link.model_named(name)
     if model is None:
         raise model_not_found(name, link.model_names)
+    return model
+
+
+def model_of_kind(link, name, kind):
+    """The config entry of the model of `kind` named `name` (None: the first of that kind served);
+    404 for an unknown name, 400 for a model of another kind."""
+    connected(link)
+    model = link.first_of_kind(kind) if name is None else link.model_named(name)
+    if model is None and name is None:
+        raise GatewayError(404, f"this server serves no model of kind {kind}", param="model", code="model_not_found")
+    if model is None:
+        raise model_not_found(name, link.model_names)
+    if model.get("kind", "embed") != kind:
+        raise GatewayError(400, f"the model `{name}` is of kind {model.get('kind', 'embed')}; this route takes one of "
+                                f"kind {kind}", param="model")
     return model
 
 

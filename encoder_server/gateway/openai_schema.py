@@ -25,10 +25,15 @@ class EmbeddingRequest(BaseModel):
     prompt_name: Optional[str] = None
     normalize: Optional[bool] = None
     truncate: Optional[bool] = None
+    long_texts: Optional[str] = None
+    precision: Optional[str] = None
 
     def model_options(self):
-        return {"prompt": self.prompt, "prompt_name": self.prompt_name, "normalize": self.normalize,
-                "truncate": self.truncate}
+        """What the server is asked for. As OpenAI's, a vector cut to `dimensions` is renormalized."""
+        normalize = True if self.normalize is None and self.dimensions is not None else self.normalize
+        return {"prompt": self.prompt, "prompt_name": self.prompt_name, "normalize": normalize,
+                "truncate": self.truncate, "long_texts": self.long_texts, "dimensions": self.dimensions,
+                "precision": self.precision}
 
 
 def texts_from_input(value):
@@ -62,21 +67,13 @@ def check_dimensions(dimensions, width=None):
         raise GatewayError(400, f"dimensions must be between 1{upper}, got {dimensions}", param="dimensions")
 
 
-def shorten(rows, dimensions):
-    """Keep the first `dimensions` values of each row, then scale each row back to unit length."""
-    if dimensions is None:
-        return rows
-    check_dimensions(dimensions, rows.shape[1])
-    rows = rows[:, :dimensions]
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
-    return (rows / np.where(norms > 0, norms, 1)).astype(np.float32)
-
-
-def embedding_response(rows, model, num_tokens, encoding_format="float", truncated=0):
+def embedding_response(rows, model, num_tokens, encoding_format="float", truncated=0, windows=None):
+    """OpenAI's response; ours besides: `truncated`, and with long_texts=chunk each item's `windows`."""
     encode = _as_base64 if encoding_format == "base64" else _as_floats
     return {
         "object": "list",
-        "data": [{"object": "embedding", "index": index, "embedding": encode(row)} for index, row in enumerate(rows)],
+        "data": [{"object": "embedding", "index": index, "embedding": encode(row),
+                  **({"windows": windows[index]} if windows else {})} for index, row in enumerate(rows)],
         "model": model,
         "usage": {"prompt_tokens": num_tokens or 0, "total_tokens": num_tokens or 0},
         "truncated": truncated,  # ours: texts cut at the server's max_seq_len
@@ -102,8 +99,9 @@ def _as_floats(row):
 
 
 def _as_base64(row):
-    """Little-endian float32 bytes, base64: what the openai SDK decodes."""
-    return base64.b64encode(row.astype("<f4").tobytes()).decode("ascii")
+    """Little-endian bytes, base64: float32 is what the openai SDK decodes (another precision's bytes
+    are its values as served)."""
+    return base64.b64encode(row.astype(row.dtype.newbyteorder("<")).tobytes()).decode("ascii")
 
 
 def _bad_input(message):

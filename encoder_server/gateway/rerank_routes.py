@@ -11,8 +11,7 @@ from encoder_client.rerank import ranked
 from encoder_client.validation import check_not_blank, check_unicode
 
 from .errors import GatewayError
-from .openai_routes import connected
-from .openai_schema import model_not_found
+from .openai_routes import model_of_kind
 
 
 class CohereRerankRequest(BaseModel):
@@ -73,18 +72,8 @@ def rerank_router(link):
 
 
 def reranker(link, name):
-    """The config entry of the reranker named `name` (None: the first reranker served); 404 for an
-    unknown name, 400 for a model that embeds."""
-    connected(link)
-    model = link.first_of_kind("rerank") if name is None else link.model_named(name)
-    if model is None and name is None:
-        raise GatewayError(404, "this server serves no reranker (a model of kind rerank)", param="model",
-                           code="model_not_found")
-    if model is None:
-        raise model_not_found(name, link.model_names)
-    if model.get("kind") != "rerank":
-        raise GatewayError(400, f"the model `{name}` embeds; rerank with one of kind rerank", param="model")
-    return model
+    """The config entry of the reranker named `name` (None: the first reranker served)."""
+    return model_of_kind(link, name, "rerank")
 
 
 def document_text(item, index):

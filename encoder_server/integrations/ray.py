@@ -9,6 +9,8 @@ runs the model in the actor (an `Embedder` whose threads are the actor's CPUs), 
     from encoder_server.integrations.ray import embed_dataset
     embedded = embed_dataset(ray.data.read_parquet("docs.parquet"), column="text", actors=4)
 """
+import functools
+
 import ray
 import ray.data
 
@@ -25,7 +27,8 @@ class Embed:
     In-process (no `address`): `model` is a model folder (default: the bundled all-MiniLM-L6-v2),
     `choices` are `encoder-server start`'s options as keywords (pooling_strategy="cls",
     quantize="int8", ...). As a client: `address` is the server's host, with its `port`,
-    `port_out`, `timeout` and CURVE `server_key`/`client_key` files as for EncoderClient."""
+    `port_out`, `timeout` and CURVE `server_key`/`client_key` files as for EncoderClient, and of the
+    choices only `long_texts`, which each request carries (the others are the server's)."""
 
     def __init__(self, column="text", output_column="embedding", *, address=None, port=DEFAULT_PORT,
                  port_out=DEFAULT_PORT_OUT, timeout=600, server_key=None, client_key=None, model=None, **choices):
@@ -39,7 +42,7 @@ class Embed:
             from encoder_client import EncoderClient
             self._client = EncoderClient(address, port, port_out, timeout=timeout, server_key=server_key,
                                          client_key=client_key)
-            self._encode = self._client.encode
+            self._encode = functools.partial(self._client.encode, long_texts=choices.get("long_texts"))
 
     def __call__(self, batch):
         """A pyarrow Table (or a dict of columns) in; the same with the embedding column added."""

@@ -11,6 +11,7 @@ from encoder_client.validation import check_texts
 
 from .arrays import normalize_rows, pad_token_axis, stack_rows
 from .backends import load_backends
+from .outputs import Output, calibration_ranges, finish
 from .passes import plan_passes
 from .tokenizer import Tokenizer
 
@@ -49,12 +50,25 @@ class Embedder:
         Reranker's `finish` takes `raw` instead.)"""
         return normalize_rows(rows) if (self.spec.normalize if normalize is None else normalize) else rows
 
-    def embed_texts(self, texts, prompt=None, normalize=None):
+    def embed_texts(self, texts, prompt=None, normalize=None, long_texts=None):
         """A [len(texts), dimension] float32 array; TypeError or ValueError naming a bad text.
-        `prompt` is prepended to each text (None: the server's default prompt, if any)."""
+        `prompt` is prepended to each text (None: the server's default prompt, if any).
+        `long_texts` says what a text longer than max_seq_len becomes (None: the spec's choice):
+        truncate, error (ValueError) or chunk (the token-weighted mean of its windows)."""
         check_texts(texts)
         prompt = self.spec.prompts.get(self.spec.default_prompt_name, "") if prompt is None else prompt
-        return self.embed_encoding(self.tokenize(texts, prompt=prompt), normalize)
+        long_texts = long_texts or self.spec.long_texts
+        if long_texts == "chunk":
+            encoding, windows = self.tokenizer.windows(texts, prompt, self.spec.chunk_overlap)
+            rows = self.embed_encoding(encoding, normalize=False)
+            normalize = self.spec.normalize if normalize is None else normalize
+            return finish(rows, Output(windows, [len(ids) for ids in encoding.ids], normalize=normalize))
+        encoding = self.tokenize(texts, prompt=prompt)
+        if long_texts == "error" and encoding.truncated:
+            index = min(encoding.truncated)
+            raise ValueError(f"texts[{index}] has {encoding.truncated[index]} tokens, more than max_seq_len "
+                             f"({self.tokenizer.truncate_at})")
+        return self.embed_encoding(encoding, normalize)
 
     def embed_tokens(self, words, normalize=None):
         """The same for texts already split into words (bert-as-service's is_tokenized)."""
@@ -69,6 +83,13 @@ class Embedder:
             for index, output in zip(group, self.run(inputs, alone)):
                 rows[index] = output
         return self.finish(stack_rows(rows), normalize)
+
+    def calibration(self, texts):
+        """The int8 and uint8 ranges (outputs.calibration_ranges) of `texts`' rows, as lists:
+        {"raw": [starts, steps], "normalized": [starts, steps]}."""
+        rows = self.embed_texts(texts, normalize=False, long_texts="truncate")
+        return {name: [values.tolist() for values in calibration_ranges(sample)]
+                for name, sample in (("raw", rows), ("normalized", normalize_rows(rows)))}
 
     def warm_up(self, texts):
         """Run each session once, so that no request pays for a first pass."""

@@ -29,7 +29,7 @@ from filelock import FileLock
 
 from . import onnx_export
 from .model_folder import ConfigError
-from .spec import RERANK
+from .spec import RERANK, SPARSE
 
 log = logging.getLogger(__name__)
 FORMAT = 3  # 2: a pool_mask input, the model's head inside, no normalization; 3: weights in model.onnx.data
@@ -184,6 +184,8 @@ def _key(spec, precision):
               "opset": onnx_export.OPSET, "onnxruntime": _version("onnxruntime")}
     if spec.kind == RERANK:  # a scoring graph, not a pooled one (embedders' keys stay as they were)
         recipe.update(kind=RERANK, pooling=None)
+    if spec.kind == SPARSE:  # a SPLADE graph: the MLM head, then its pooling
+        recipe.update(kind=SPARSE, pooling=[spec.splade_pooling, spec.splade_activation])
     exporters = {tool: _version(tool) for tool in EXPORTERS}
     return f"{Path(spec.model).name[:60]}-{precision}-{_digest(recipe)}-{_digest(exporters)}"
 

@@ -1,8 +1,9 @@
 """What a Hugging Face / sentence-transformers model folder says about itself (JSON files only).
 
 A sentence-transformers folder (format v2 to v6) lists its modules in `modules.json`. The server
-reproduces the stacks `Transformer, Pooling, [Dense | LayerNorm]..., [Normalize]`; any other
-module is a start-up error that names it, never something else served in its place.
+reproduces the stacks `Transformer, Pooling, [Dense | LayerNorm]..., [Normalize]` and a
+SparseEncoder's `Transformer (fill-mask) | MLMTransformer, SpladePooling`; any other module is a
+start-up error that names it, never something else served in its place.
 """
 import json
 from dataclasses import dataclass, field
@@ -58,6 +59,10 @@ class ModelInfo:
     default_prompt_name: str = None
     classifier_labels: int = None  # a sequence-classification head's outputs (a cross-encoder), else None
     score_activation: str = None   # the torch.nn class a sentence-transformers CrossEncoder applies to them
+    splade_pooling: str = None     # a SparseEncoder's SpladePooling strategy ("max" or "sum"), else None
+    splade_activation: str = None  # its activation before pooling: "relu" (log(1 + relu)) or "log1p_relu" (twice)
+    vocab_size: int = None         # config.json's vocab_size: a SparseEncoder's row width
+    max_active_dims: int = None    # a SparseEncoder's default cap on the non-zero entries of a row
 
 
 def default_model_path():
@@ -90,8 +95,9 @@ def inspect_model_folder(path):
     return ModelInfo(path=path, transformer_path=transformer_path, num_layers=num_layers, hidden_size=hidden_size,
                      max_positions=_max_positions(transformer_path, config),
                      st_max_seq_len=st_config.get("max_seq_length"), prompts=prompts,
-                     default_prompt_name=model_config.get("default_prompt_name"),
-                     **_classifier(config, model_config), **_stack(path, modules))
+                     default_prompt_name=model_config.get("default_prompt_name"), vocab_size=config.get("vocab_size"),
+                     **_classifier(config, model_config), **_stack_or_splade(path, modules, config, st_config,
+                                                                              model_config))
 
 
 def _classifier(config, model_config):
@@ -124,9 +130,60 @@ def _modules(path):
     for index, module in enumerate(modules):
         if not isinstance(module.get("type"), str) or not isinstance(module.get("path", ""), str):
             raise ConfigError(f"{path / 'modules.json'}: module {index} has no type or path")
-    if _kind(modules[0]) != "Transformer":
+    if _kind(modules[0]) not in ("Transformer", "MLMTransformer"):
         raise ConfigError(_unsupported(path, 0, modules[0], "the first module must be a Transformer"))
     return modules
+
+
+def _stack_or_splade(path, modules, config, st_config, model_config):
+    """A SparseEncoder's SPLADE description when its modules say it is one, else _stack's."""
+    task = st_config.get("transformer_task", "fill-mask" if modules and _kind(modules[0]) == "MLMTransformer"
+                         else "feature-extraction")
+    if not any(_kind(module) == "SpladePooling" for module in modules):
+        if task == "fill-mask" and len(modules) > 1:
+            raise ConfigError(_unsupported(path, 1, modules[1], "after a masked-language Transformer only "
+                                                                "SpladePooling is reproduced"))
+        return _stack(path, modules)
+    return _splade(path, modules, config, task, model_config)
+
+
+def _splade(path, modules, config, task, model_config):
+    """A SparseEncoder's `masked-language Transformer, SpladePooling`: its pooling, activation and
+    default max_active_dims. The row width is the vocabulary's, so the MLM head must be in the weights."""
+    if _kind(modules[1]) != "SpladePooling" or task != "fill-mask":
+        module = modules[1] if _kind(modules[1]) != "SpladePooling" else modules[0]
+        raise ConfigError(_unsupported(path, modules.index(module), module, "SpladePooling is reproduced only "
+                                                                           "right after a fill-mask Transformer"))
+    if len(modules) > 2:
+        raise ConfigError(_unsupported(path, 2, modules[2], "nothing after SpladePooling is reproduced"))
+    if not any(isinstance(name, str) and name.endswith("ForMaskedLM") for name in config.get("architectures") or []):
+        raise ConfigError(f"--model {path}: SpladePooling needs a masked-language model, and config.json names "
+                          f"no *ForMaskedLM architecture ({config.get('architectures')})")
+    strategy, activation, width = _splade_pooling(path / modules[1].get("path", ""))
+    vocab_size = config.get("vocab_size")
+    if not isinstance(vocab_size, int) or width not in (None, vocab_size):
+        raise ConfigError(f"--model {path}: SpladePooling's width {width} is not config.json's vocab_size "
+                          f"{vocab_size}")
+    max_active_dims = model_config.get("max_active_dims")
+    if max_active_dims is not None and (isinstance(max_active_dims, bool) or not isinstance(max_active_dims, int)
+                                        or max_active_dims < 1):
+        raise ConfigError(f"--model {path}: config_sentence_transformers.json's max_active_dims must be a positive "
+                          f"integer, got {max_active_dims!r}")
+    return {"splade_pooling": strategy, "splade_activation": activation, "max_active_dims": max_active_dims}
+
+
+def _splade_pooling(folder):
+    """A SpladePooling module's (strategy, activation, declared width or None), with sentence-transformers'
+    defaults for keys it leaves out."""
+    config = _read_json(folder / "config.json")
+    if not isinstance(config, dict):
+        raise ConfigError(f"{folder / 'config.json'}: missing or not an object; modules.json lists a SpladePooling "
+                          "module there")
+    strategy, activation = config.get("pooling_strategy", "max"), config.get("activation_function", "relu")
+    if strategy not in ("max", "sum") or activation not in ("relu", "log1p_relu"):
+        raise ConfigError(f"{folder / 'config.json'}: SpladePooling {strategy!r} with {activation!r} is not "
+                          "reproduced (only max or sum, with relu or log1p_relu)")
+    return strategy, activation, config.get("embedding_dimension", config.get("word_embedding_dimension"))
 
 
 def _stack(path, modules):

@@ -9,7 +9,7 @@ from transformers import AutoModel
 
 from .model_folder import WEIGHT_FILES
 from .pooling import pool
-from .spec import RERANK
+from .spec import RERANK, SPARSE
 
 log = logging.getLogger(__name__)
 _LAYER_LISTS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")
@@ -82,11 +82,14 @@ def _torch_module(dotted):
 
 
 def load_model_module(spec, attention=None):
-    """The torch module a spec serves: a reranker's scoring model or the pooled encoder; its
-    `input_names` say which of a Pass's arrays it takes, in order."""
+    """The torch module a spec serves: a reranker's scoring model, a sparse model's SPLADE model or
+    the pooled encoder; its `input_names` say which of a Pass's arrays it takes, in order."""
     if spec.kind == RERANK:
         from .cross_encoder import load_scoring_model
         return load_scoring_model(spec, attention)
+    if spec.kind == SPARSE:
+        from .splade import load_splade_model
+        return load_splade_model(spec, attention)
     return load_pooled_encoder(spec, attention)
 
 

@@ -3,22 +3,26 @@ process or in a child of its own; `load` gives an Embedder ready to use."""
 from dataclasses import replace
 
 from .model_folder import ConfigError
-from .spec import RERANK, ModelSpec, resolve_spec
+from .spec import RERANK, SPARSE, ModelSpec, resolve_spec
 
 
 def load(model=None, **choices):
-    """An Embedder for a model folder or Hugging Face id (default: the bundled all-MiniLM-L6-v2), or
-    a Reranker for a cross-encoder, taking the model's choices that `encoder-server start` takes, as
-    keywords (pooling_strategy="cls", quantize="int8"). Its passes use every usable core unless
-    threads_per_worker says otherwise."""
+    """An Embedder for a model folder or Hugging Face id (default: the bundled all-MiniLM-L6-v2), a
+    Reranker for a cross-encoder, or a SparseEmbedder for a SparseEncoder (SPLADE), taking the model's
+    choices that `encoder-server start` takes, as keywords (pooling_strategy="cls", quantize="int8").
+    Its passes use every usable core unless threads_per_worker says otherwise."""
     return open_model(prepare_model(resolve_spec(ModelSpec(model=model, **choices))))
 
 
 def open_model(spec, lone_threads=0):
-    """The Embedder, or for a spec of kind rerank the Reranker, of a prepared spec."""
+    """The Embedder of a prepared spec, or for a spec of kind rerank its Reranker, of kind sparse its
+    SparseEmbedder."""
     if spec.kind == RERANK:
         from .reranker import Reranker
         return Reranker(spec, lone_threads)
+    if spec.kind == SPARSE:
+        from .sparse_encoder import SparseEmbedder
+        return SparseEmbedder(spec, lone_threads)
     from .embedder import Embedder
     return Embedder(spec, lone_threads)
 

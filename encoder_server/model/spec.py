@@ -17,9 +17,11 @@ from .pooling import MASKABLE, STRATEGIES, PoolingSpec
 
 MODEL, COMPUTE, SCHEDULING = "model and pooling", "compute", "scheduling"
 DEVICES = ("cpu", "cuda")
-EMBED, RERANK = "embed", "rerank"  # the kinds of model served: texts -> vectors, (query, text) pairs -> scores
+# the kinds of model served: texts -> vectors, (query, text) pairs -> scores, texts -> sparse vocabulary weights
+EMBED, RERANK, SPARSE = "embed", "rerank", "sparse"
 DEFAULT_BATCH_TOKENS = {"cpu": 1024, "cuda": 16384}  # chosen by measurement: benchmark/RESULTS.md
 BUNDLED_MODEL_NAME = "all-MiniLM-L6-v2"
+LONG_TEXTS = ("truncate", "error", "chunk")  # what happens to a text longer than max_seq_len
 
 
 def choice(default, group, help, **bounds):
@@ -44,9 +46,11 @@ class ModelSpec:
                                      "network allows (default: the bundled all-MiniLM-L6-v2)")
     revision: str = choice(None, MODEL, "branch, tag or commit of a Hugging Face id (default: main)")
     kind: str = choice(None, MODEL, "embed: texts to vectors; rerank: a cross-encoder's score for each (query, "
-                                    "document) pair (default: rerank for a sequence-classification model with one "
-                                    "label, such as a sentence-transformers CrossEncoder, else embed)",
-                       choices=(EMBED, RERANK))
+                                    "document) pair; sparse: a SPLADE model's weight for each vocabulary token "
+                                    "(default: sparse for a sentence-transformers SparseEncoder, rerank for a "
+                                    "sequence-classification model with one label, such as a sentence-transformers "
+                                    "CrossEncoder, else embed)",
+                       choices=(EMBED, RERANK, SPARSE))
     pooling_strategy: str = choice(None, MODEL, "how token vectors become one vector (default: the model "
                                                 "folder's sentence-transformers pooling, else mean)",
                                    choices=STRATEGIES)
@@ -59,6 +63,12 @@ class ModelSpec:
     max_seq_len: int = choice("auto", MODEL, "tokens kept per text, or 'none' for the model's limit with padding "
                                              "to the longest text of each batch; 'auto' takes sentence-transformers' "
                                              "max_seq_length, else the model's limit", parse=parse_max_seq_len)
+    long_texts: str = choice("truncate", MODEL, "what happens to a text longer than max_seq_len, unless a request "
+                                                "says: truncate (keep its first tokens), error (refuse the request) "
+                                                "or chunk (embed it whole: the token-weighted mean of its windows)",
+                             choices=LONG_TEXTS)
+    chunk_overlap: int = choice(32, MODEL, "tokens that one window of a chunked text shares with the next",
+                                minimum=0)
     default_prompt_name: str = choice(None, MODEL, "the prompt of the model's `prompts` applied when a request "
                                                    "names none (default: the model's default_prompt_name)")
 
@@ -92,6 +102,10 @@ class ModelSpec:
     hidden_size: int = None
     onnx_file: str = None
     score_activation: str = None  # rerank: the torch.nn class applied to the score (model_folder.ModelInfo)
+    splade_pooling: str = None    # sparse: SpladePooling's "max" or "sum" over tokens (model_folder.ModelInfo)
+    splade_activation: str = None  # sparse: "relu" or "log1p_relu" before it
+    vocab_size: int = None        # sparse: the width of a row
+    max_active_dims: int = None   # sparse: the model's default cap on a row's non-zero entries (None: no cap)
 
     @property
     def pooling(self):
@@ -99,9 +113,11 @@ class ModelSpec:
 
     @property
     def embedding_dim(self):
-        """Floats per row of a result: one score for a reranker."""
+        """Floats per row of a result: one score for a reranker, the vocabulary's size for a sparse model."""
         if self.kind == RERANK:
             return 1
+        if self.kind == SPARSE:
+            return self.vocab_size
         return self.head[-1].out_features if self.head else self.pooling.output_width(self.hidden_size)
 
 
@@ -129,8 +145,9 @@ def resolve_spec(chosen):
         pooling_source="sentence-transformers config" if from_st else "bert-as-service defaults",
         include_prompt=info.st_include_prompt, prompts={**info.prompts, **(chosen.prompts or {})},
         default_prompt_name=unless_chosen(chosen.default_prompt_name, info.default_prompt_name),
-        # a CrossEncoder folder has no Pooling, but sentence-transformers reads its max_seq_length too
-        max_seq_len=_resolve_max_seq_len(chosen.max_seq_len, info, from_st or info.classifier_labels is not None),
+        # a CrossEncoder or SparseEncoder folder has no Pooling, but sentence-transformers reads its max_seq_length too
+        max_seq_len=_resolve_max_seq_len(chosen.max_seq_len, info, from_st or info.classifier_labels is not None
+                                         or info.splade_pooling is not None),
         num_layers=info.num_layers, hidden_size=info.hidden_size,
         backend=chosen.backend or default_backend(device),
         threads_per_worker=unless_chosen(chosen.threads_per_worker, 1 if device == "cuda" else usable_cpus()),
@@ -139,15 +156,19 @@ def resolve_spec(chosen):
     spec = replace(spec, truncate_at=spec.max_seq_len or info.max_positions)
     spec = replace(spec, **_head_and_overrides(spec, info))
     _check_pooling(spec.pooling, info.num_layers)
+    _check_long_texts(spec)
     _check_prompt_name(spec)
     _check_engine(spec)
     return spec
 
 
 def _kind_of(chosen, info):
-    """The kind served and, for a reranker, its score activation; ConfigError for a model that cannot
-    rerank (no classification head, or one of several labels) or an activation we do not apply."""
-    kind = chosen.kind or (RERANK if info.classifier_labels == 1 else EMBED)
+    """The kind served and, for a reranker, its score activation (for a sparse model, _sparse_kind's);
+    ConfigError for a model that cannot rerank (no classification head, or one of several labels) or an
+    activation we do not apply."""
+    kind = chosen.kind or (SPARSE if info.splade_pooling else RERANK if info.classifier_labels == 1 else EMBED)
+    if kind == SPARSE or info.splade_pooling:
+        return _sparse_kind(chosen, info, kind)
     if kind == EMBED:
         return {"kind": kind}
     if info.classifier_labels is None:
@@ -161,6 +182,24 @@ def _kind_of(chosen, info):
     if chosen.pooling_strategy or chosen.pooling_layer or chosen.normalize or chosen.mask_cls_sep:
         raise ConfigError("a reranker gives scores, not pooled vectors: drop the pooling choices")
     return {"kind": kind, "score_activation": info.score_activation}
+
+
+def _sparse_kind(chosen, info, kind):
+    """A SparseEncoder's SPLADE settings; ConfigError for another kind of model, another kind for a
+    SparseEncoder, or a choice that a sparse model does not take."""
+    if info.splade_pooling is None:
+        raise ConfigError(f"--kind sparse: {info.path} has no SpladePooling module (a sentence-transformers "
+                          "SparseEncoder's)")
+    if kind != SPARSE:
+        raise ConfigError(f"--kind {kind}: {info.path} is a sentence-transformers SparseEncoder; serve it as "
+                          "--kind sparse")
+    if chosen.pooling_strategy or chosen.pooling_layer or chosen.normalize or chosen.mask_cls_sep:
+        raise ConfigError("a sparse model pools as its SpladePooling says: drop the pooling choices")
+    if chosen.quantize:
+        raise ConfigError(f"--quantize {chosen.quantize}: not available for a sparse model (its accuracy check "
+                          "compares dense rows)")
+    return {"kind": kind, "splade_pooling": info.splade_pooling, "splade_activation": info.splade_activation,
+            "vocab_size": info.vocab_size, "max_active_dims": info.max_active_dims}
 
 
 # the activations a sentence-transformers CrossEncoder may declare for one label, applied by rerank_scores
@@ -227,6 +266,14 @@ def _check_prompt_name(spec):
     if name is not None and name not in spec.prompts:
         known = ", ".join(spec.prompts) or "none"
         raise ConfigError(f"--default-prompt-name {name}: the model has no such prompt (it has: {known})")
+
+
+def _check_long_texts(spec):
+    if spec.long_texts == "chunk" and spec.kind == EMBED and spec.pooling.token_level:
+        raise ConfigError("--long-texts chunk needs one vector per text: token-level pooling has one per token")
+    if spec.chunk_overlap >= spec.truncate_at - 2:
+        raise ConfigError(f"--chunk-overlap {spec.chunk_overlap} leaves no room in a window of {spec.truncate_at} "
+                          "tokens (max_seq_len, [CLS] and [SEP] included): use less")
 
 
 def _check_pooling(pooling, num_layers):

@@ -12,6 +12,12 @@ a text far longer than `truncate_at` tokens is first cut to a prefix that still 
 the same as the whole text's. The prefix starts at CHARS_PER_TOKEN characters per token allowed
 and grows while it has too few tokens, up to MAX_CHARS_PER_TOKEN, where a text (whitespace or
 junk that yields almost no tokens) is cut regardless.
+
+A text embedded whole instead (`windows`) is cut into windows of its tokens, each framed as a text
+of its own: [CLS], the prompt's tokens, at most `truncate_at` tokens in all, [SEP]. A text of more
+than SEGMENT_CHARS characters is tokenized in segments cut at whitespace, for the same reason;
+a tokenizer that splits words at whitespace first (WordPiece, byte-level BPE) gives the same
+tokens either way.
 """
 import json
 from pathlib import Path
@@ -23,6 +29,8 @@ from .passes import Encoding
 CHARS_PER_TOKEN = 8          # the first prefix tried: enough for almost any real text
 MAX_CHARS_PER_TOKEN = 1024   # the longest prefix: past it, a text is cut regardless
 MARGIN = 8                   # tokens beyond the limit a prefix must have, so a cut word can't matter
+SEGMENT_CHARS = 1 << 16      # a text embedded whole is tokenized this many characters at a time,
+SEGMENTS_AT_ONCE = 16        # and this many segments per call (about 100 bytes of memory per character)
 
 
 class Tokenizer:
@@ -41,6 +49,7 @@ class Tokenizer:
         self.pad_id = pad_token_id(model_dir, self._tokenizer)
         self.special_ids = {i for i, token in self._tokenizer.get_added_tokens_decoder().items() if token.special}
         self._prompt_lengths = {}
+        self.frame = special_frame(self._whole)  # ([CLS], [SEP]) for BERT
 
     @classmethod
     def for_spec(cls, spec):
@@ -59,6 +68,62 @@ class Tokenizer:
                   for row in encoded]
         tokens = [row.tokens for row in encoded] if with_tokens else None
         return Encoding(ids, pooled, tokens, self._truncated(texts, ids, is_tokenized))
+
+    def windows(self, texts, prompt="", overlap=0):
+        """(Encoding, windows per text) of texts embedded whole: a text that fits is tokenized as
+        `tokenize` does; a longer one becomes windows of at most `truncate_at` tokens, its own
+        tokens overlapping by `overlap` from one window to the next (see window_starts). ValueError
+        when the prompt leaves no room, or `overlap` fills a window."""
+        fitted = self.tokenize(texts, prompt=prompt)
+        if not fitted.truncated:
+            return fitted, [1] * len(texts)
+        head, tail = self.frame
+        prompt_ids = self._whole.encode(prompt, add_special_tokens=False).ids if prompt else []
+        room = self.truncate_at - len(head) - len(tail) - len(prompt_ids)
+        if room < 1 or overlap >= room:
+            raise ValueError(f"a window holds {max(room, 0)} tokens of a text (max_seq_len {self.truncate_at}, less "
+                             f"special and prompt tokens), so the overlap of {overlap} leaves no room: use less")
+        ids, counts = [], []
+        for index, text in enumerate(texts):
+            if index not in fitted.truncated:
+                ids.append(fitted.ids[index])
+                counts.append(1)
+                continue
+            tokens = self._all_tokens(text)
+            starts = window_starts(len(tokens), room, overlap)
+            ids += [head + prompt_ids + tokens[start:start + room] + tail for start in starts]
+            counts.append(len(starts))
+        return self.from_ids(ids, prompt), counts
+
+    def from_ids(self, ids, prompt=""):
+        """An Encoding of token-id rows, each framed by the special tokens (as `windows` makes them),
+        whose first tokens are `prompt`'s: which tokens count in pooling is worked out again."""
+        head, tail = self.frame
+        skip = 0 if self.include_prompt or not prompt else self._prompt_length(prompt)
+        pooled = [[int(i >= skip and not (self.mask_special and (i < len(head) or i >= len(row) - len(tail))))
+                   for i in range(len(row))] for row in ids]
+        return Encoding(ids, pooled)
+
+    def _all_tokens(self, text):
+        """Every token of `text`, no special ones, tokenized SEGMENT_CHARS characters at a time and
+        SEGMENTS_AT_ONCE segments per call (a batch call, which lets other threads run meanwhile)."""
+        segments, start = [], 0
+        while start < len(text):
+            end = len(text) if len(text) - start <= SEGMENT_CHARS else start + len(
+                _cut_at_whitespace(text[start:start + SEGMENT_CHARS + 1], SEGMENT_CHARS))
+            segments.append(text[start:end])
+            start = end
+        tokens = []
+        for first in range(0, len(segments), SEGMENTS_AT_ONCE):
+            batch = self._whole.encode_batch(segments[first:first + SEGMENTS_AT_ONCE], add_special_tokens=False)
+            tokens += [token for encoded in batch for token in encoded.ids]
+        return tokens
+
+    def surely_fit(self, texts, prompt=""):
+        """Whether every text, after `prompt`, fits in `truncate_at` tokens whatever the tokenizer: a
+        token takes at least one UTF-8 byte, beside the special ones and a word-start marker."""
+        room = self.truncate_at - len(self.frame[0]) - len(self.frame[1]) - 1 - len(prompt.encode())
+        return all(len(text) <= room and len(text.encode()) <= room for text in texts)
 
     def tokenize_pairs(self, query, documents):
         """(query, document) pairs as an Encoding with each token's segment (type_ids). A pair too long
@@ -114,6 +179,22 @@ class Tokenizer:
             trailing_special = bool(ids) and ids[-1] in self.special_ids
             self._prompt_lengths[prompt] = len(ids) - trailing_special
         return self._prompt_lengths[prompt]
+
+
+def special_frame(tokenizer):
+    """The special tokens that a tokenizer puts before and after a text's own."""
+    empty, one = tokenizer.encode(""), tokenizer.encode("a").special_tokens_mask
+    specials = [i for i, special in zip(empty.ids, empty.special_tokens_mask) if special]
+    split = next((n for n, special in enumerate(one) if not special), len(specials))
+    return specials[:split], specials[split:]
+
+
+def window_starts(length, room, overlap):
+    """Where each window of a text of `length` tokens starts, when a window holds `room` of them and
+    overlaps the one before by `overlap`: every `room - overlap` tokens, the last window being the
+    first that reaches the text's end."""
+    stride = room - overlap
+    return list(range(0, max(length - overlap, 1), stride)) if length > room else [0]
 
 
 def _cut_at_whitespace(text, size):

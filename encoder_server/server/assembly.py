@@ -1,4 +1,5 @@
-"""The sink's pure logic: put a request's parts back together in input order.
+"""The sink's pure logic: put a request's parts back together in input order, and finish its rows
+as its registration says (model.outputs: windows merged, dimensions cut, precision).
 
 Parts may arrive in any order, and before the ventilator's registration of their request.
 A part seen twice, or one of a request already finished or forgotten, is ignored, so a re-sent
@@ -9,7 +10,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from encoder_client.sparse import SparseVectors
+
 from ..model.arrays import concat_parts
+from ..model.outputs import Output, finish
 from .messages import Registration
 
 REMEMBERED_FINISHED = 100_000  # finished requests whose late duplicate parts are recognised
@@ -29,6 +33,7 @@ class Completed:
     num_tokens: int = 0
     truncated: int = 0
     streamed: bool = False
+    windows: list = None  # per text, the windows it was cut into (when they were asked for)
 
 
 @dataclass
@@ -64,6 +69,8 @@ class Assembler:
             raise PartError(f"a part of {array.shape[-1]} values per row does not fit request {seq}, whose model "
                             f"gives {registration.width}")
         pending = self._pending.setdefault(seq, _Pending())
+        if pending.parts and type(next(iter(pending.parts.values()))[0]) is not type(array):
+            raise PartError(f"a part of {type(array).__name__} does not fit request {seq}, whose other parts are not")
         if offset not in pending.parts:
             pending.parts[offset] = (array, tokens)
             pending.rows += len(array)
@@ -111,9 +118,12 @@ class Assembler:
         self._finish(seq)
         parts = [pending.parts[offset] for offset in sorted(pending.parts)]
         tokens = [t for _, part_tokens in parts for t in part_tokens] if registration.with_tokens else None
-        return Completed(registration.identity, registration.req_id,
-                         concat_parts([array for array, _ in parts]), tokens, pending.num_tokens, pending.truncated,
-                         registration.streamed)
+        arrays = [array for array, _ in parts]
+        array = SparseVectors.concat(arrays) if isinstance(arrays[0], SparseVectors) else concat_parts(arrays)
+        output = Output(**registration.output) if registration.output else None
+        return Completed(registration.identity, registration.req_id, finish(array, output) if output else array,
+                         tokens, pending.num_tokens, pending.truncated, registration.streamed,
+                         output and output.windows)
 
     def _finish(self, seq):
         self._pending.pop(seq, None)

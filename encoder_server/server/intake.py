@@ -9,6 +9,9 @@ from encoder_client.protocol import NOT_FOUND, STREAMED_SINCE, TOO_LARGE, Protoc
 from encoder_client.request import MODEL_OPTIONS, check_model_options
 from encoder_client.validation import check_texts, looks_tokenized
 
+from ..model.outputs import PRECISIONS, Output
+from ..model.spec import LONG_TEXTS
+
 MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # a week: past it, a client means "no limit" (send none)
 MAX_QUERY_CHARS_PER_TOKEN = 8  # a rerank query longer than this many characters per token of a pair is refused
 
@@ -74,14 +77,19 @@ _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, unroll
 
 def check_result_size(request, settings):
     """ProtocolError (too_large) when the float32 result of `request` could pass --max-result-mb:
-    the server would have to hold it, and its client to read it, in one piece."""
+    the server would have to hold it, and its client to read it, in one piece. A sparse row counts
+    at its most: 8 bytes for each of its top_k entries, or each of the vocabulary's."""
     rows_per_text = settings.truncate_at if settings.pooling.token_level else 1
-    size = len(request.texts) * rows_per_text * settings.embedding_dim * 4
+    if settings.kind == "sparse":
+        size = len(request.texts) * 8 * min(settings.embedding_dim, _top_k(request, settings) or settings.embedding_dim)
+    else:
+        size = len(request.texts) * rows_per_text * settings.embedding_dim * 4
     if size > settings.max_result_mb << 20:
         per_text = "texts at up to %d tokens each" % rows_per_text if rows_per_text > 1 else "texts"
+        advice = ", or ask for fewer entries per row (top_k)" if settings.kind == "sparse" else ""
         raise ProtocolError(f"the result of {len(request.texts)} {per_text} could take {size / 2**20:.0f} MB, "
                             f"above the server's limit of {settings.max_result_mb} MB (--max-result-mb); split "
-                            "the request", request.identity, request.req_id, TOO_LARGE)
+                            f"the request{advice}", request.identity, request.req_id, TOO_LARGE)
 
 
 def served_model(request, served):
@@ -115,7 +123,8 @@ def model_index(served, name):
 
 
 def model_choices(request, settings):
-    """The Job fields (prompt, normalize, truncate; a reranker's query and raw_scores) for an
+    """The Job fields (prompt, normalize, truncate; a reranker's query and raw_scores, a sparse model's
+    top_k) for an
     EncodeRequest to a model with `settings`: the request's options, else the model's defaults.
     ProtocolError for an unknown prompt name."""
     options = request.options or {}
@@ -128,7 +137,7 @@ def model_choices(request, settings):
                                 f"{settings.truncate_at} tokens (max_seq_len) holds: shorten the query",
                                 request.identity, request.req_id, TOO_LARGE)
         return {"query": options["query"], "raw_scores": options.get("raw_scores", False),
-                "truncate": options.get("truncate", True)}
+                "truncate": long_texts(request, settings) != "error"}
     prompt = options.get("prompt")
     if prompt is None and options.get("prompt_name") is not None:
         prompt = settings.prompts.get(options["prompt_name"])
@@ -141,8 +150,75 @@ def model_choices(request, settings):
                             request.req_id)
     if prompt is None and not request.is_tokenized:
         prompt = settings.prompts.get(settings.default_prompt_name, "")
-    return {"prompt": prompt or "", "normalize": options.get("normalize", settings.normalize),
-            "truncate": options.get("truncate", True)}
+    choices = {"prompt": prompt or "", "normalize": options.get("normalize", settings.normalize),
+               "truncate": long_texts(request, settings) != "error"}
+    top_k = _top_k(request, settings)
+    return {**choices, "top_k": top_k} if settings.kind == "sparse" else choices
+
+
+def _top_k(request, settings):
+    """A sparse model's cap on a row's entries: the request's top_k, else the model's max_active_dims."""
+    top_k = (request.options or {}).get("top_k")
+    if top_k is None:
+        return settings.max_active_dims if settings.kind == "sparse" else None
+    if settings.kind != "sparse":
+        raise ProtocolError(f"top_k applies to a sparse model; model {settings.name!r} gives "
+                            f"{'vectors' if settings.kind == 'embed' else 'scores'}", request.identity, request.req_id)
+    if top_k < 1:
+        raise ProtocolError(f"top_k must be at least 1, got {top_k}", request.identity, request.req_id)
+    return top_k
+
+
+def long_texts(request, settings):
+    """What a text longer than max_seq_len becomes: truncate, error or chunk, as the request says
+    (`truncate=False` is error), else as the server's --long-texts says (chunk only where it can)."""
+    options = request.options or {}
+    chosen = options.get("long_texts")
+    if chosen is not None and chosen not in LONG_TEXTS:
+        raise ProtocolError(f"long_texts must be one of {', '.join(LONG_TEXTS)}, got {chosen[:32]!r}",
+                            request.identity, request.req_id)
+    if options.get("truncate") is False:
+        if chosen not in (None, "error"):
+            raise ProtocolError(f"truncate=false and long_texts={chosen} contradict each other", request.identity,
+                                request.req_id)
+        return "error"
+    if chosen == "chunk" and not can_chunk(request, settings):
+        raise ProtocolError("long_texts=chunk takes texts (not word lists, no tokens shown) for an embedding model "
+                            "that pools one vector per text", request.identity, request.req_id)
+    if chosen is None:
+        chosen = settings.long_texts if settings.long_texts != "chunk" or can_chunk(request, settings) else "truncate"
+    return chosen
+
+
+def can_chunk(request, settings):
+    return settings.kind == "embed" and not settings.pooling.token_level and not (
+        request.is_tokenized or request.with_tokens)
+
+
+def output_of(request, settings):
+    """The Output (model.outputs) that a request's `dimensions`, `precision` and `normalize` ask
+    for, its windows and int8 ranges not yet known. ProtocolError for a value out of bounds."""
+    options = request.options or {}
+    dimensions, precision = options.get("dimensions"), options.get("precision", "float32")
+    if precision not in PRECISIONS:
+        raise ProtocolError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision[:32]!r}",
+                            request.identity, request.req_id)
+    if (dimensions is not None or precision != "float32") and not can_shape(settings):
+        raise ProtocolError(f"dimensions and precision apply to the vectors of an embedding model; model "
+                            f"{settings.name!r} gives {_gives(settings)}", request.identity, request.req_id)
+    if dimensions is not None and not 1 <= dimensions <= settings.embedding_dim:
+        raise ProtocolError(f"dimensions must be from 1 to the model's {settings.embedding_dim}, got {dimensions}",
+                            request.identity, request.req_id)
+    return Output(dimensions=None if dimensions == settings.embedding_dim else dimensions,
+                  normalize=options.get("normalize", settings.normalize), precision=precision)
+
+
+def can_shape(settings):
+    return settings.kind == "embed" and not settings.pooling.token_level
+
+
+def _gives(settings):
+    return "a vector per token" if settings.kind == "embed" else f"{settings.kind} results"
 
 
 def _model_options(request):

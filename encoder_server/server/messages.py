@@ -27,6 +27,7 @@ from dataclasses import MISSING, dataclass, field, fields
 import numpy as np
 
 from encoder_client.protocol import ERROR_CODES, TOO_LARGE, TOPIC_END
+from encoder_client.sparse import SparseVectors
 from encoder_client.status import check_metrics
 
 from .metrics import check_delta
@@ -87,6 +88,8 @@ class Job:
     truncate: bool = True    # False: refuse a text longer than the server's max_seq_len
     query: str = None        # a reranker's: the texts are documents, each scored against it
     raw_scores: bool = False # a reranker's: scores without the model's activation
+    token_ids: bool = False  # the texts are token-id rows (windows of long texts), tokenized already
+    top_k: int = None        # a sparse model's: the most non-zero entries kept per row
 
     def frames(self):
         return [self.KIND, _json(vars(self))]
@@ -121,6 +124,7 @@ class Ready:
     remote: bool = False
     lanes: int = 1           # forward passes it runs at once
     model: str = None        # the name of the model it serves (None: the default model)
+    calibration: dict = None # int8 ranges of its model on the built-in sample (worker.calibrate)
 
     def frames(self):
         return [self.KIND, _json(vars(self))]
@@ -273,6 +277,7 @@ class Registration:
     with_tokens: bool = False
     streamed: bool = False  # its client takes a large result in chunks
     width: int = None       # floats per row (per token) of its model's parts (None: not checked)
+    output: dict = None     # how its rows are finished before they are served (model.outputs.Output)
 
 
 @_kind(b"REGISTER")
@@ -317,11 +322,12 @@ class Publish:
 @_kind(b"PART")
 @dataclass(frozen=True, eq=False)
 class Part:
-    """A job's float32 rows: [rows, dim], or [rows, seq, dim] with token-level pooling."""
+    """A job's rows: float32 [rows, dim], or [rows, seq, dim] with token-level pooling, or a sparse
+    model's SparseVectors (sent in their wire form, `sparse` giving their non-zero count)."""
     seq: int
     job_id: int
     offset: int
-    array: np.ndarray
+    array: object
     tokens: list = None
     num_tokens: int = 0
     truncated: int = 0  # how many of its texts were cut at max_seq_len
@@ -329,16 +335,20 @@ class Part:
     def frames(self):
         header = {"seq": self.seq, "job_id": self.job_id, "offset": self.offset, "shape": list(self.array.shape),
                   "tokens": self.tokens, "num_tokens": self.num_tokens, "truncated": self.truncated}
+        if isinstance(self.array, SparseVectors):
+            return [self.KIND, _json({**header, "sparse": self.array.nnz}), self.array.to_bytes()]
         return [self.KIND, _json(header), memoryview(np.ascontiguousarray(self.array, dtype=np.float32)).cast("B")]
 
     @classmethod
     def decode(cls, frames):
         header = _object(frames[0])
-        shape = header.pop("shape", None)
-        if not (isinstance(shape, list) and len(shape) in (2, 3) and all(_is_count(n) for n in shape)):
+        shape, nnz = header.pop("shape", None), header.pop("sparse", None)
+        if not (isinstance(shape, list) and len(shape) in (2, 3) and all(_is_count(n) for n in shape)) or (
+                nnz is not None and not (_is_count(nnz) and len(shape) == 2)):
             raise MessageError(f"a PART's shape must be 2 or 3 counts, got {str(shape)[:64]}")
         body = frames[1].buffer if hasattr(frames[1], "buffer") else frames[1]
-        array = np.frombuffer(body, dtype=np.float32).reshape(shape)
+        array = np.frombuffer(body, dtype=np.float32).reshape(shape) if nnz is None else \
+            SparseVectors.from_bytes(body, shape[0], nnz, shape[1])
         part = _typed(cls, {"array": array, **header})
         if part.tokens is not None and not (len(part.tokens) == len(array) and
                                             all(isinstance(row, list) for row in part.tokens)):
@@ -392,8 +402,8 @@ def _has_type(value, kind, default):
         return _is_count(value)
     if kind is float:
         return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if kind is np.ndarray:
-        return isinstance(value, np.ndarray)
+    if kind is object:
+        return True
     return isinstance(value, kind)
 
 

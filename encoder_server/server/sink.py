@@ -16,6 +16,7 @@ import time
 import zmq
 
 from encoder_client.protocol import BUSY, RESTARTED, encode_error, encode_refusal, result_messages
+from encoder_client.sparse import SparseVectors
 
 from ..processes import start_child
 from ..security import curve_for, workers_use_curve
@@ -152,9 +153,11 @@ class Sink:
         self.publish_result(completed)
 
     def check_shape(self, array):
-        """PartError unless `array` holds rows of one of this server's models: [rows, dim], or [rows,
-        seq, dim] (the assembler checks the width of its request's model once it is registered)."""
-        if (array.ndim, array.shape[-1] if array.ndim else None) not in self.shapes:
+        """PartError unless `array` holds rows of one of this server's models: [rows, dim], [rows,
+        seq, dim], or sparse rows (the assembler checks the width of its request's model once it
+        is registered)."""
+        rank = 2 if isinstance(array, SparseVectors) else array.ndim
+        if (rank, array.shape[-1] if rank else None) not in self.shapes:
             served = " or ".join(f"{width} values{' per token' if rank == 3 else ''}" for rank, width in self.shapes)
             raise PartError(f"a part of shape {list(array.shape)} is not rows of {served}")
 
@@ -200,7 +203,8 @@ class Sink:
     def publish_result(self, completed):
         if completed is not None:
             for frames in result_messages(completed.identity, completed.req_id, completed.array, completed.tokens,
-                                          completed.num_tokens, completed.truncated, completed.streamed):
+                                          completed.num_tokens, completed.truncated, completed.streamed,
+                                          completed.windows):
                 if not self.deliver(completed.identity, frames):
                     return  # its other chunks would be of no use
 

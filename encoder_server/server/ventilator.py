@@ -11,28 +11,35 @@ or abandoned by their client are cancelled.
 Request and job numbers start at random, so parts computed for an earlier run of the server (a
 remote worker that outlived it) can never be taken for this run's.
 """
+import contextlib
 import functools
+import math
 import secrets
 import socket
 import time
 from collections import Counter, deque
+from dataclasses import asdict, replace
 
 import zmq
 
-from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, NOT_FOUND, PROTOCOL_VERSION, RESTARTED,
+from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, NOT_FOUND, PROTOCOL_VERSION, RESTARTED, TOO_LARGE,
                                      ProtocolError, decode_request, encode_data, encode_error)
 from encoder_client.status import ModelStatus, Requests, ServerStatus, Texts
 from encoder_client.version import __version__
 
+from ..model.outputs import CALIBRATED
+from ..model.tokenizer import Tokenizer
 from ..processes import start_child
 from ..security import curve_for, is_loopback, workers_use_curve
 from . import messages
-from .intake import check_result_size, model_choices, model_index, parse_encode, served_model
+from .intake import (check_result_size, long_texts, model_choices, model_index, output_of, parse_encode,
+                     served_model)
 from .liveness import HEARTBEAT_INTERVAL, Liveness
 from .metrics import Metrics
 from .ownership import Owners
 from .scheduling import Dispatcher
 from .sockets import POLL_MS, make_socket, peer_address, user_id
+from .windowing import MAX_WAITING_CHARS, Windowing
 
 
 class Ventilator:
@@ -52,6 +59,9 @@ class Ventilator:
         self.draining = False
         self.unsent = deque()  # messages for the sink that it could not take yet
         self.owners = Owners()  # under CURVE, the client key each identity belongs to
+        self.windowing = Windowing()
+        self.tokenizers = {}    # model index -> its Tokenizer, made when a request first needs windows
+        self.calibration = {}   # model index -> the int8 ranges its first worker sent
         context = zmq.Context.instance()
         curve, self.authenticator = curve_for(context, settings)
         self.frontend = make_socket(context, zmq.PULL, bind=addresses.frontend, curve=curve,
@@ -66,12 +76,12 @@ class Ventilator:
 
     def run(self, stop):
         poller = zmq.Poller()
-        for sock in (self.frontend, self.backend, self.from_sink):
+        for sock in (self.frontend, self.backend, self.from_sink, self.windowing.fileno()):
             poller.register(sock, zmq.POLLIN)
         if self.supervisor is not None:
             poller.register(self.supervisor.fileno(), zmq.POLLIN)
         drain_deadline = None
-        while not (self.draining and self.dispatcher.in_flight_requests == 0):
+        while not (self.draining and self.dispatcher.in_flight_requests == 0 and not len(self.windowing)):
             if stop.is_set() and not self.draining:
                 self.start_draining()
             if self.draining:
@@ -88,6 +98,8 @@ class Ventilator:
                 self.on_client(self.frontend.recv_multipart(copy=False))
             if self.backend in events:
                 self.on_worker(self.backend.recv_multipart())
+            if self.windowing.fileno() in events:
+                self.on_windows()
             if self.supervisor is not None and self.supervisor.fileno() in events:
                 self.on_supervisor(poller, stop)
             self.flush_to_sink()
@@ -97,6 +109,7 @@ class Ventilator:
             self.dispatch()
 
     def close(self):
+        self.windowing.close()
         for sock in (self.frontend, self.backend, self.from_sink, self.to_sink):
             sock.close(linger=1000)
         if self.authenticator is not None:
@@ -109,11 +122,18 @@ class Ventilator:
         is readable, and is logged and dropped otherwise."""
         peer = peer_address(frames[0])
         raw = [frame.bytes for frame in frames]
-        try:
+        with self.replying_to(peer, raw=raw):
             request = decode_request(raw)
             if not self.owners.claim(request.identity, user_id(frames[0])):
                 raise ProtocolError(f"identity {request.identity[:64]!r} belongs to another client key; dropped")
             self.on_request(request, peer)
+
+    @contextlib.contextmanager
+    def replying_to(self, peer, raw=None, request=None):
+        """Turn what goes wrong with a request (its frames `raw`, or a parsed `request`: anything with
+        its identity and req_id) into an error reply for its client."""
+        try:
+            yield
         except ProtocolError as error:
             self.log.warning("bad request from %s: %s", peer or "?", error)
             if error.identity is not None:
@@ -121,7 +141,7 @@ class Ventilator:
                 self.reply_error(error.identity, error.req_id, message, error.code)
         except Exception:  # a case the checks missed: that request fails, the server goes on
             self.log.exception("could not handle a request from %s", peer or "?")
-            request = decode_request(raw)
+            request = request or decode_request(raw)
             self.reply_error(request.identity, request.req_id, "bad request: the server could not handle it")
 
     def on_request(self, request, peer):
@@ -133,7 +153,45 @@ class Ventilator:
             encode = parse_encode(request, self.settings.show_tokens_to_client, self.settings.max_pending_texts)
             index, model = served_model(encode, self.models)
             check_result_size(encode, model)
-            self.admit(encode, index, model.embedding_dim, model_choices(encode, model))
+            choices, output = model_choices(encode, model), output_of(encode, model)
+            if long_texts(encode, model) != "chunk":
+                self.admit(encode, encode.texts, index, choices, output)
+            elif self.tokenizer(index).surely_fit(encode.texts, choices["prompt"]):
+                self.admit(encode, encode.texts, index, choices, replace(output, windows=[1] * len(encode.texts)))
+            else:
+                self.cut_into_windows(encode, index, choices, output)
+
+    def tokenizer(self, index):
+        if index not in self.tokenizers:
+            self.tokenizers[index] = Tokenizer.for_spec(self.models[index])
+        return self.tokenizers[index]
+
+    def cut_into_windows(self, encode, index, choices, output):
+        """Have the windowing thread cut the request's long texts into windows; admitted once done."""
+        chars = sum(len(text) for text in encode.texts)
+        if chars > MAX_WAITING_CHARS:
+            raise ProtocolError(f"the texts to chunk hold {chars} characters, above the server's limit of "
+                                f"{MAX_WAITING_CHARS} per request; split the request", encode.identity,
+                                encode.req_id, TOO_LARGE)
+        if self.windowing.chars + chars > MAX_WAITING_CHARS:
+            return self.refuse_busy(encode, "server busy: too many long texts are being cut into windows; retry later")
+        self.windowing.submit(self.tokenizer(index), encode.texts, choices["prompt"],
+                              self.models[index].chunk_overlap, (encode, index, choices, output))
+
+    def on_windows(self):
+        for (encode, index, choices, output), result in self.windowing.finished():
+            with self.replying_to(None, request=encode):
+                if isinstance(result, Exception):
+                    raise ProtocolError(f"the texts could not be cut into windows: {result}", encode.identity,
+                                        encode.req_id)
+                encoding, windows = result
+                if len(encoding) > self.settings.max_pending_texts:
+                    raise ProtocolError(f"the texts make {len(encoding)} windows, above the server's limit of "
+                                        f"{self.settings.max_pending_texts} (--max-pending-texts); split the request",
+                                        encode.identity, encode.req_id, TOO_LARGE)
+                weights = [len(ids) for ids in encoding.ids] if max(windows) > 1 else None
+                self.admit(encode, encoding.ids, index, {**choices, "token_ids": True},
+                           replace(output, windows=windows, weights=weights))
 
     def on_command(self, request, peer):
         if request.command == b"SHOW_CONFIG":
@@ -149,18 +207,28 @@ class Ventilator:
             self.publish(encode_data(request.identity, request.req_id, {"terminating": True}))
             self.start_draining()
 
-    def admit(self, request, model, width, choices):
-        """Queue `request` for the model of index `model`, whose rows are `width` floats."""
+    def admit(self, request, rows, model, choices, output):
+        """Queue `request`, as `rows` (its texts, or their windows), for the model of index `model`;
+        its rows are finished as `output` (model.outputs.Output) says."""
         if self.dispatcher.is_in_flight(request.identity, request.req_id):
             raise ProtocolError(f"req_id {request.req_id} is already in flight under this identity",
                                 request.identity, request.req_id)
         pending, limit = self.dispatcher.pending_texts, self.settings.max_pending_texts
-        if pending + len(request.texts) > limit:
+        if pending + len(rows) > limit:
             return self.refuse_busy(request, f"server busy: {pending} texts pending, the limit is {limit}; "
                                              "retry later")
+        if output.precision in CALIBRATED:
+            calibration = self.calibration.get(model)
+            if calibration is None:
+                return self.refuse_busy(request, f"server busy: no worker has calibrated {output.precision} for "
+                                                 "this model yet; retry later")
+            output = replace(output, ranges=calibration["normalized" if output.normalize else "raw"])
+        if not output.plain:  # the sink finishes the rows: the worker leaves them as they are
+            choices = {**choices, "normalize": False}
         seq = self.next_seq
-        registration = messages.Registration(request.identity, request.req_id, len(request.texts),
-                                             request.with_tokens, request.streamed, width)
+        registration = messages.Registration(request.identity, request.req_id, len(rows), request.with_tokens,
+                                             request.streamed, self.models[model].embedding_dim,
+                                             None if output.plain else asdict(output))
         try:
             if self.unsent:
                 raise zmq.Again()  # the sink is not taking messages now
@@ -168,7 +236,7 @@ class Ventilator:
         except zmq.Again:
             return self.refuse_busy(request, "server busy: the result queue is full; retry later")
         self.next_seq += 1
-        self.dispatcher.submit(seq, request.identity, request.texts, time.monotonic(), request.timeout_s,
+        self.dispatcher.submit(seq, request.identity, rows, time.monotonic(), request.timeout_s,
                                req_id=request.req_id, is_tokenized=request.is_tokenized,
                                with_tokens=request.with_tokens, model=model, **choices)
         self.log.debug("request %d: %d texts from %r", seq, len(request.texts), request.identity)
@@ -226,6 +294,8 @@ class Ventilator:
             return
         self.lose(self.liveness.ready(worker, message, now))
         self.dispatcher.add_worker(worker, message.lanes, model)
+        if model not in self.calibration and _is_calibration(message.calibration, self.models[model].embedding_dim):
+            self.calibration[model] = message.calibration
         self.log.info("%s ready (%d of %d), serving %s", worker.decode(errors="replace"), len(self.liveness),
                       self.workers_expected, self.models[model].name)
 
@@ -368,9 +438,17 @@ class Ventilator:
     def reply_error(self, identity, req_id, message, code=None):
         self.publish(encode_error(identity, req_id, message, code))
 
-    @functools.cached_property
+    @property
     def config(self):
-        """SHOW_CONFIG's answer: the settings never change, so it is built once (about 1 ms with two models)."""
+        """SHOW_CONFIG's answer: the settings, and each embedding model's int8 ranges once a worker
+        has calibrated them (as `calibration`: {"raw" or "normalized": [starts, steps]})."""
+        models = [{**model, "calibration": self.calibration.get(index)}
+                  for index, model in enumerate(self.settings_config["models"])]
+        return {**self.settings_config, "calibration": self.calibration.get(0), "models": models}
+
+    @functools.cached_property
+    def settings_config(self):
+        """The settings' part of SHOW_CONFIG: they never change, so it is built once (about 1 ms with two models)."""
         return {**self.settings.public_config(), "server_version": __version__,
                 "protocol_version": PROTOCOL_VERSION}
 
@@ -418,6 +496,17 @@ UNREAD_ERROR = ("abandoned: this client identity left too many results unread (-
 
 def _random_start():
     return secrets.randbelow(2 ** 40) + 1
+
+
+def _is_calibration(calibration, width):
+    """Whether a worker's READY holds int8 ranges of the shape its model's rows have."""
+    try:
+        return set(calibration) == {"raw", "normalized"} and all(
+            len(ranges) == 2 and all(len(values) == width and all(isinstance(v, (int, float)) and math.isfinite(v)
+                                                                  for v in values) for values in ranges)
+            for ranges in calibration.values())
+    except TypeError:
+        return False
 
 
 

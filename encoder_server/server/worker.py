@@ -34,6 +34,7 @@ from encoder_client.protocol import BAD_REQUEST
 
 from ..model.cpus import lone_lane_threads
 from ..model.prepare import open_model
+from ..model.quantization_check import SAMPLE
 from ..processes import start_child
 from . import fault_injection, messages
 from .batching import BULK, PRIORITY, BatchPlanner, Tokenized
@@ -56,8 +57,8 @@ class Worker:
         self.remote = remote
         self.metrics = Metrics()
         self.model_name = settings.name
-        self.model = open_model(settings, lone_threads)  # an Embedder, or a Reranker for kind rerank
-        self.reranking = settings.kind == "rerank"
+        self.model = open_model(settings, lone_threads)  # an Embedder, a Reranker or a SparseEmbedder
+        self.kind = settings.kind
         self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.model.tokenizer.pad_id)
         self.batch_wait_s = settings.batch_wait_ms / 1000
         self.received = queue.SimpleQueue()  # (job, monotonic arrival), from intake to prefetch
@@ -67,6 +68,9 @@ class Worker:
         self.failed = False
         self.busy_since = {}  # stage (prefetch or a lane) -> monotonic start of the step it is on
         self.model.warm_up(WARMUP_TEXTS)
+        # the ranges its clients' int8 and uint8 rows are quantized with (the ventilator publishes them)
+        calibrated = settings.kind == "embed" and not settings.pooling.token_level
+        self.calibration = self.model.calibration(SAMPLE) if calibrated else None
 
     # ----- intake: the jobs socket -----
 
@@ -100,7 +104,8 @@ class Worker:
         return jobs
 
     def ready(self):
-        return messages.Ready(os.getpid(), socket.gethostname(), self.remote, self.lanes, self.model_name)
+        return messages.Ready(os.getpid(), socket.gethostname(), self.remote, self.lanes, self.model_name,
+                              self.calibration)
 
     def on_message(self, frames, arrived):
         message = messages.decode_or_log(frames, self.log, "the ventilator")
@@ -142,7 +147,8 @@ class Worker:
             return
         fault_injection.inject(job.texts)
         try:
-            encoding = self.model.tokenize(job.texts, job.is_tokenized, job.with_tokens, job.prompt, job.query)
+            encoding = self.model.tokenizer.from_ids(job.texts, job.prompt) if job.token_ids else \
+                self.model.tokenize(job.texts, job.is_tokenized, job.with_tokens, job.prompt, job.query)
         except Exception as error:  # the intake's checks should make this impossible; never die of it
             self.log.exception("could not tokenize job %d", job.job_id)
             self.outbox.put(messages.Refused(job.job_id, f"texts {job.offset} to {job.offset + len(job.texts) - 1} "
@@ -152,8 +158,8 @@ class Worker:
             index = min(encoding.truncated)
             self.outbox.put(messages.Refused(job.job_id, f"texts[{job.offset + index}] has more than "
                                                          f"{self.model.tokenizer.truncate_at} tokens, the "
-                                                         "server's limit (max_seq_len); shorten it, or allow "
-                                                         "truncation"))
+                                                         "server's limit (max_seq_len); shorten it, allow "
+                                                         "truncation, or embed it whole (long_texts=chunk)"))
             return
         self.metrics.count_truncated(len(encoding.truncated))
         with self.buffered:
@@ -171,8 +177,10 @@ class Worker:
                 batch, kind, alone = self._next_pass(lane == EXPRESS)
                 if batch is not None:
                     for done in batch.scatter(self.run_pass(lane, batch, kind, alone)):
-                        part = messages.Part(done.job.seq, done.job.job_id, done.job.offset, self.finish(done),
-                                             done.encoding.tokens, done.encoding.num_tokens, len(done.encoding.truncated))
+                        rows = self.finish(done)
+                        part = messages.Part(done.job.seq, done.job.job_id, done.job.offset, rows,
+                                             self.tokens(done, rows), done.encoding.num_tokens,
+                                             len(done.encoding.truncated))
                         results.send_multipart(part.frames(), copy=False)
         except Exception:
             self.fail(f"{lane} lane")
@@ -180,9 +188,20 @@ class Worker:
             results.close(linger=1000)
 
     def finish(self, done):
-        """A finished job's rows as served: normalized as it asks, or a reranker's scores."""
-        choice = done.job.raw_scores if self.reranking else done.job.normalize
-        return self.model.finish(done.result(), choice)
+        """A finished job's rows as served: normalized as it asks, a reranker's scores, or a sparse
+        model's SparseVectors."""
+        if self.kind == "rerank":
+            return self.model.finish(done.result(), done.job.raw_scores)
+        if self.kind == "sparse":
+            return self.model.finish(done.result(), done.job.normalize, done.job.top_k)
+        return self.model.finish(done.result(), done.job.normalize)
+
+    def tokens(self, done, rows):
+        """The tokens a job asked for: its texts' own, or for a sparse model, each row's vocabulary
+        entries, in the order of its indices."""
+        if self.kind == "sparse" and done.job.with_tokens:
+            return [self.model.decode_tokens(rows.row(i)[0]) for i in range(len(rows))]
+        return done.encoding.tokens
 
     def run_pass(self, lane, batch, kind, alone):
         for wait in batch.start(time.monotonic()):

@@ -171,3 +171,21 @@ def test_on_a_two_node_cluster_both_nodes_write_shards(tiny_model, tmp_path):
     ids, rows, order = output_rows(tmp_path / "out")
     assert sorted(ids) == list(range(4000))
     assert np.array_equal(rows[order], direct_shards(tiny_model, texts, 250))
+
+
+def test_long_texts_chunk_in_actors_and_through_a_server(tiny_model, tmp_path, ray_head, tiny_server):
+    texts = random_texts(40, seed=23) + [" ".join(random_texts(50, seed=24, min_words=10, max_words=10))]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "in.parquet")
+    expected = load(str(tiny_model), long_texts="chunk", chunk_overlap=8).embed_texts(texts)
+    result = bulk(tmp_path / "in.parquet", tmp_path / "out", "--model", tiny_model, "--long-texts", "chunk",
+                  "--chunk-overlap", 8, "--ray-address", ray_head)
+    assert result.returncode == 0, result.stderr
+    _, rows, order = output_rows(tmp_path / "out")
+    np.testing.assert_allclose(rows[order], expected, atol=1e-5)
+    served = bulk(tmp_path / "in.parquet", tmp_path / "served", "--connect", "127.0.0.1", "--port", tiny_server.port,
+                  "--port-out", tiny_server.port_out, "--long-texts", "chunk", "--ray-address", ray_head)
+    assert served.returncode == 0, served.stderr
+    _, rows, order = output_rows(tmp_path / "served")
+    with tiny_server.client() as client:  # the server's own overlap (32)
+        np.testing.assert_allclose(rows[order], client.encode(texts, long_texts="chunk"), atol=1e-6)
+        assert not np.allclose(rows[order][-1], client.encode(texts[-1:])[0], atol=1e-3)

@@ -8,7 +8,8 @@ from encoder_client.protocol import BAD_REQUEST, NOT_FOUND, TOO_LARGE, ProtocolE
 from encoder_server.server.intake import EncodeRequest, model_choices, served_model
 
 SERVED = (SimpleNamespace(model_name=("minilm", "text-embedding-ada-002"), name="minilm", kind="embed"),
-          SimpleNamespace(model_name=("ce", "reranker"), name="ce", kind="rerank", normalize=False, truncate_at=128),
+          SimpleNamespace(model_name=("ce", "reranker"), name="ce", kind="rerank", normalize=False, truncate_at=128,
+                          long_texts="truncate"),
           SimpleNamespace(model_name=("e5",), name="e5", kind="embed"))
 
 

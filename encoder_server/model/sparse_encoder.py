@@ -1,0 +1,91 @@
+"""The sparse model, whole: texts in, one SPLADE vector over the vocabulary per text out.
+
+A SparseEmbedder has the Embedder's stages, so the worker runs either: `tokenize`, `run` (one pass:
+dense float32 [rows, vocabulary] weights, from the SPLADE model that model.splade defines) and
+`finish` (those rows as encoder_client.sparse.SparseVectors, zeros dropped, capped at top_k
+entries as sentence-transformers' max_active_dims caps them). `embed_texts` does all three, in
+passes under the padded-token budget, and `decode_tokens` names the vocabulary entries of a row.
+"""
+import numpy as np
+
+from encoder_client.sparse import SparseVectors
+from encoder_client.validation import check_texts
+
+from .backends import load_backends
+from .passes import plan_passes
+from .tokenizer import Tokenizer
+
+
+class SparseEmbedder:
+    def __init__(self, spec, lone_threads=0):
+        """From a resolved spec of kind sparse whose model files are ready (`lone_threads` as the
+        Embedder takes it)."""
+        self.spec = spec
+        self.tokenizer = Tokenizer.for_spec(spec)
+        self.backend, self.lone_backend = load_backends(spec, lone_threads)
+
+    @property
+    def dimension(self):
+        """The width of a row: the vocabulary's size."""
+        return self.spec.embedding_dim
+
+    def tokenize(self, texts, is_tokenized=False, with_tokens=False, prompt="", query=None):
+        if query is not None:
+            raise ValueError("a sparse model takes no query; a reranker does")
+        return self.tokenizer.tokenize(texts, is_tokenized, with_tokens, prompt)
+
+    def run(self, inputs, alone=False):
+        """One forward pass: dense float32 [rows, vocabulary] SPLADE weights. `alone` as the
+        Embedder's `run` takes it."""
+        return (self.lone_backend if alone and self.lone_backend else self.backend).run(inputs)
+
+    def finish(self, rows, normalize=None, top_k=None):
+        """Dense rows as served: SparseVectors of their non-zero entries, each row's `top_k` largest
+        kept (None: the model's max_active_dims, if it has one), then scaled to unit length when
+        `normalize` says so (None: as the model says, which is never for SPLADE)."""
+        vectors = SparseVectors.from_dense(np.asarray(rows, dtype=np.float32))
+        top_k = self.spec.max_active_dims if top_k is None else top_k
+        if top_k is not None:
+            vectors = vectors.top_k(top_k)
+        return unit_rows(vectors) if (self.spec.normalize if normalize is None else normalize) else vectors
+
+    def embed_texts(self, texts, prompt=None, top_k=None, normalize=None):
+        """SparseVectors of len(texts) rows in input order; TypeError or ValueError naming a bad text.
+        `prompt` is prepended to each text (None: the model's default prompt, if any); `top_k` and
+        `normalize` as `finish` takes them."""
+        check_texts(texts)
+        prompt = self.spec.prompts.get(self.spec.default_prompt_name, "") if prompt is None else prompt
+        return self.embed_encoding(self.tokenize(texts, prompt=prompt), normalize, top_k=top_k)
+
+    def embed_tokens(self, words, top_k=None, normalize=None):
+        """The same for texts already split into words (bert-as-service's is_tokenized)."""
+        check_texts(words, is_tokenized=True)
+        return self.embed_encoding(self.tokenize(words, is_tokenized=True), normalize, top_k=top_k)
+
+    def embed_encoding(self, encoding, normalize=None, alone=False, top_k=None):
+        """Tokenized texts, in passes of similar length under the token budget, each pass made sparse
+        as it comes (a dense [rows, vocabulary] array of a whole request would be large)."""
+        parts, order = [], []
+        for group, inputs in plan_passes(encoding, self.spec.max_batch_tokens, self.spec.max_batch_size,
+                                         self.tokenizer.pad_id):
+            parts.append(self.finish(self.run(inputs, alone), normalize, top_k))
+            order.extend(group)
+        return SparseVectors.concat(parts).take(np.argsort(order))
+
+    def decode_tokens(self, indices):
+        """The vocabulary's token strings at `indices` (a row's, say), in that order."""
+        vocabulary = self.tokenizer._tokenizer  # tokenizers.Tokenizer: the model folder's own
+        return [vocabulary.id_to_token(int(index)) for index in indices]
+
+    def warm_up(self, texts):
+        """Run each session once, so that no request pays for a first pass."""
+        for alone in {False, self.lone_backend is not None}:
+            self.embed_encoding(self.tokenize(texts), alone=alone)
+
+
+def unit_rows(vectors):
+    """`vectors` with each row scaled to unit L2 length (empty rows stay empty)."""
+    rows = np.repeat(np.arange(len(vectors)), np.diff(vectors.offsets))
+    norms = np.sqrt(np.bincount(rows, weights=np.square(vectors.values, dtype=np.float64), minlength=len(vectors)))
+    values = vectors.values / np.maximum(norms, 1e-12)[rows]
+    return SparseVectors(vectors.indices, values, vectors.offsets, vectors.dim)
