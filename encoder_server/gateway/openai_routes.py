@@ -52,6 +52,9 @@ def check_model(link, name):
     return model
 
 
+WHAT_IT_DOES = {"embed": "embeds", "rerank": "reranks", "sparse": "gives sparse vectors"}
+
+
 def model_of_kind(link, name, kind):
     """The config entry of the model of `kind` named `name` (None: the first of that kind served);
     404 for an unknown name, 400 for a model of another kind."""
@@ -62,8 +65,8 @@ def model_of_kind(link, name, kind):
     if model is None:
         raise model_not_found(name, link.model_names)
     if model.get("kind", "embed") != kind:
-        raise GatewayError(400, f"the model `{name}` is of kind {model.get('kind', 'embed')}; this route takes one of "
-                                f"kind {kind}", param="model")
+        raise GatewayError(400, f"the model `{name}` {WHAT_IT_DOES[model.get('kind', 'embed')]}; this route takes a "
+                                f"model of kind {kind}", param="model")
     return model
 
 

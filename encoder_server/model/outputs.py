@@ -15,6 +15,7 @@ With int8 and uint8, `dimensions` keeps the first values of the full row quantiz
 calibration's ranges (it is not renormalized first), so that one published set of ranges serves
 every request and a user can dequantize: x ~ start + (q + 0.5) * step (int8: q + 128).
 """
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,7 +91,13 @@ def calibration_ranges(rows):
     return starts, np.where(steps == 0, 1, steps).astype(np.float32)
 
 
-def served_width(dimension, output):
-    """Values per row as served: bytes per row for the binary forms."""
-    width = output.dimensions or dimension
-    return (width + 7) // 8 if output.precision in ("binary", "ubinary") else width
+def is_calibration(calibration, width):
+    """Whether `calibration` (from a worker's READY) holds the ranges of rows `width` wide, as
+    Embedder.calibration makes them: {"raw" and "normalized": [starts, steps]}, finite numbers."""
+    try:
+        return set(calibration) == {"raw", "normalized"} and all(
+            len(ranges) == 2 and all(len(values) == width and all(
+                isinstance(value, (int, float)) and math.isfinite(value) for value in values) for values in ranges)
+            for ranges in calibration.values())
+    except TypeError:
+        return False

@@ -11,33 +11,13 @@ import numpy as np
 from encoder_client.sparse import SparseVectors
 from encoder_client.validation import check_texts
 
-from .backends import load_backends
+from .embedder import Embedder
 from .passes import plan_passes
-from .tokenizer import Tokenizer
 
 
-class SparseEmbedder:
-    def __init__(self, spec, lone_threads=0):
-        """From a resolved spec of kind sparse whose model files are ready (`lone_threads` as the
-        Embedder takes it)."""
-        self.spec = spec
-        self.tokenizer = Tokenizer.for_spec(spec)
-        self.backend, self.lone_backend = load_backends(spec, lone_threads)
-
-    @property
-    def dimension(self):
-        """The width of a row: the vocabulary's size."""
-        return self.spec.embedding_dim
-
-    def tokenize(self, texts, is_tokenized=False, with_tokens=False, prompt="", query=None):
-        if query is not None:
-            raise ValueError("a sparse model takes no query; a reranker does")
-        return self.tokenizer.tokenize(texts, is_tokenized, with_tokens, prompt)
-
-    def run(self, inputs, alone=False):
-        """One forward pass: dense float32 [rows, vocabulary] SPLADE weights. `alone` as the
-        Embedder's `run` takes it."""
-        return (self.lone_backend if alone and self.lone_backend else self.backend).run(inputs)
+class SparseEmbedder(Embedder):
+    """An Embedder whose rows are sparse: it tokenizes and runs passes as the Embedder does (from a
+    resolved spec of kind sparse; `dimension` is the vocabulary's size), and finishes them sparse."""
 
     def finish(self, rows, normalize=None, top_k=None):
         """Dense rows as served: SparseVectors of their non-zero entries, each row's `top_k` largest
@@ -76,11 +56,6 @@ class SparseEmbedder:
         """The vocabulary's token strings at `indices` (a row's, say), in that order."""
         vocabulary = self.tokenizer._tokenizer  # tokenizers.Tokenizer: the model folder's own
         return [vocabulary.id_to_token(int(index)) for index in indices]
-
-    def warm_up(self, texts):
-        """Run each session once, so that no request pays for a first pass."""
-        for alone in {False, self.lone_backend is not None}:
-            self.embed_encoding(self.tokenize(texts), alone=alone)
 
 
 def unit_rows(vectors):

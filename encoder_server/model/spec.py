@@ -271,7 +271,7 @@ def _check_prompt_name(spec):
 def _check_long_texts(spec):
     if spec.long_texts == "chunk" and spec.kind == EMBED and spec.pooling.token_level:
         raise ConfigError("--long-texts chunk needs one vector per text: token-level pooling has one per token")
-    if spec.chunk_overlap >= spec.truncate_at - 2:
+    if spec.long_texts == "chunk" and spec.chunk_overlap >= spec.truncate_at - 2:
         raise ConfigError(f"--chunk-overlap {spec.chunk_overlap} leaves no room in a window of {spec.truncate_at} "
                           "tokens (max_seq_len, [CLS] and [SEP] included): use less")
 

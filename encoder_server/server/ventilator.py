@@ -13,7 +13,6 @@ remote worker that outlived it) can never be taken for this run's.
 """
 import contextlib
 import functools
-import math
 import secrets
 import socket
 import time
@@ -27,8 +26,7 @@ from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, NOT_FOUND, PROTO
 from encoder_client.status import ModelStatus, Requests, ServerStatus, Texts
 from encoder_client.version import __version__
 
-from ..model.outputs import CALIBRATED
-from ..model.tokenizer import Tokenizer
+from ..model.outputs import CALIBRATED, is_calibration
 from ..processes import start_child
 from ..security import curve_for, is_loopback, workers_use_curve
 from . import messages
@@ -39,7 +37,7 @@ from .metrics import Metrics
 from .ownership import Owners
 from .scheduling import Dispatcher
 from .sockets import POLL_MS, make_socket, peer_address, user_id
-from .windowing import MAX_WAITING_CHARS, Windowing
+from .windowing import Windowing
 
 
 class Ventilator:
@@ -59,8 +57,7 @@ class Ventilator:
         self.draining = False
         self.unsent = deque()  # messages for the sink that it could not take yet
         self.owners = Owners()  # under CURVE, the client key each identity belongs to
-        self.windowing = Windowing()
-        self.tokenizers = {}    # model index -> its Tokenizer, made when a request first needs windows
+        self.windowing = Windowing(self.models)
         self.calibration = {}   # model index -> the int8 ranges its first worker sent
         context = zmq.Context.instance()
         curve, self.authenticator = curve_for(context, settings)
@@ -156,27 +153,10 @@ class Ventilator:
             choices, output = model_choices(encode, model), output_of(encode, model)
             if long_texts(encode, model) != "chunk":
                 self.admit(encode, encode.texts, index, choices, output)
-            elif self.tokenizer(index).surely_fit(encode.texts, choices["prompt"]):
+            elif self.windowing.surely_fit(index, encode.texts, choices["prompt"]):
                 self.admit(encode, encode.texts, index, choices, replace(output, windows=[1] * len(encode.texts)))
-            else:
-                self.cut_into_windows(encode, index, choices, output)
-
-    def tokenizer(self, index):
-        if index not in self.tokenizers:
-            self.tokenizers[index] = Tokenizer.for_spec(self.models[index])
-        return self.tokenizers[index]
-
-    def cut_into_windows(self, encode, index, choices, output):
-        """Have the windowing thread cut the request's long texts into windows; admitted once done."""
-        chars = sum(len(text) for text in encode.texts)
-        if chars > MAX_WAITING_CHARS:
-            raise ProtocolError(f"the texts to chunk hold {chars} characters, above the server's limit of "
-                                f"{MAX_WAITING_CHARS} per request; split the request", encode.identity,
-                                encode.req_id, TOO_LARGE)
-        if self.windowing.chars + chars > MAX_WAITING_CHARS:
-            return self.refuse_busy(encode, "server busy: too many long texts are being cut into windows; retry later")
-        self.windowing.submit(self.tokenizer(index), encode.texts, choices["prompt"],
-                              self.models[index].chunk_overlap, (encode, index, choices, output))
+            elif not self.windowing.submit(encode, index, choices, output):
+                self.refuse_busy(encode, "server busy: too many long texts are being cut into windows; retry later")
 
     def on_windows(self):
         for (encode, index, choices, output), result in self.windowing.finished():
@@ -294,7 +274,7 @@ class Ventilator:
             return
         self.lose(self.liveness.ready(worker, message, now))
         self.dispatcher.add_worker(worker, message.lanes, model)
-        if model not in self.calibration and _is_calibration(message.calibration, self.models[model].embedding_dim):
+        if model not in self.calibration and is_calibration(message.calibration, self.models[model].embedding_dim):
             self.calibration[model] = message.calibration
         self.log.info("%s ready (%d of %d), serving %s", worker.decode(errors="replace"), len(self.liveness),
                       self.workers_expected, self.models[model].name)
@@ -496,19 +476,6 @@ UNREAD_ERROR = ("abandoned: this client identity left too many results unread (-
 
 def _random_start():
     return secrets.randbelow(2 ** 40) + 1
-
-
-def _is_calibration(calibration, width):
-    """Whether a worker's READY holds int8 ranges of the shape its model's rows have."""
-    try:
-        return set(calibration) == {"raw", "normalized"} and all(
-            len(ranges) == 2 and all(len(values) == width and all(isinstance(v, (int, float)) and math.isfinite(v)
-                                                                  for v in values) for values in ranges)
-            for ranges in calibration.values())
-    except TypeError:
-        return False
-
-
 
 
 def run_ventilator(settings, addresses, supervisor=None):

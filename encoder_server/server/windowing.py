@@ -8,11 +8,17 @@ as busy, and a single request above it as too large.
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
+from encoder_client.protocol import TOO_LARGE, ProtocolError
+
+from ..model.tokenizer import Tokenizer
+
 MAX_WAITING_CHARS = 8_000_000  # about 2 million tokens, and 0.8 GB of the tokenizer's memory at the most
 
 
 class Windowing:
-    def __init__(self):
+    def __init__(self, models):
+        self.models = models    # the served models' Settings
+        self._tokenizers = {}   # model index -> its Tokenizer, made when a request first needs one
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="windowing")
         self._wake, self._waker = socket.socketpair()
         self._wake.setblocking(False)
@@ -23,16 +29,37 @@ class Windowing:
         """Readable when a request's windows are ready."""
         return self._wake.fileno()
 
-    def submit(self, tokenizer, texts, prompt, overlap, context):
-        """Cut `texts` into windows; `context` comes back with the result (see `finished`)."""
-        chars = sum(len(text) for text in texts)
-        future = self._executor.submit(tokenizer.windows, texts, prompt, overlap)
-        self._waiting[future] = (context, chars)
+    def surely_fit(self, model, texts, prompt):
+        """Whether `texts`, after `prompt`, fit the model of index `model` without tokenizing them."""
+        return self._tokenizer(model).surely_fit(texts, prompt)
+
+    def submit(self, encode, model, choices, output):
+        """Cut the texts of `encode` (an intake.EncodeRequest) for the model of index `model` into
+        windows; `finished` gives them back with the request, its model, `choices` and `output`.
+        False when too many characters wait already; ProtocolError (too_large) for a request that
+        alone holds too many."""
+        chars = sum(len(text) for text in encode.texts)
+        if chars > MAX_WAITING_CHARS:
+            raise ProtocolError(f"the texts to chunk hold {chars} characters, above the server's limit of "
+                                f"{MAX_WAITING_CHARS} per request; split the request", encode.identity,
+                                encode.req_id, TOO_LARGE)
+        if self.chars + chars > MAX_WAITING_CHARS:
+            return False
+        future = self._executor.submit(self._tokenizer(model).windows, encode.texts, choices["prompt"],
+                                       self.models[model].chunk_overlap)
+        self._waiting[future] = ((encode, model, choices, output), chars)
         self.chars += chars
         future.add_done_callback(lambda _: self._waker.send(b"."))
+        return True
+
+    def _tokenizer(self, model):
+        if model not in self._tokenizers:
+            self._tokenizers[model] = Tokenizer.for_spec(self.models[model])
+        return self._tokenizers[model]
 
     def finished(self):
-        """(context, (Encoding, windows per text) or the exception raised) for each request done."""
+        """((request, model, choices, output), (Encoding, windows per text) or the exception raised)
+        for each request done."""
         try:
             while self._wake.recv(4096):
                 pass

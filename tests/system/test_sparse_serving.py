@@ -120,7 +120,7 @@ def test_a_dense_model_is_refused_on_embed_sparse_and_the_sparse_one_on_v1(spars
     dense_name = next(model["model_name"] for model in client.server_config["models"] if model["kind"] == "embed")
     refused = httpx.post(sparse_server.http_url + "/embed_sparse", json={"inputs": "a", "model": dense_name},
                          timeout=30)
-    assert refused.status_code == 400 and "kind embed" in refused.text
+    assert refused.status_code == 400 and "embeds; this route takes a model of kind sparse" in refused.text
     sparse_name = client.server_config["model_name"]
     refused = httpx.post(sparse_server.http_url + "/v1/embeddings", json={"input": "a", "model": sparse_name},
                          timeout=30)
