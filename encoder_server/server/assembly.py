@@ -65,6 +65,9 @@ class Assembler:
         if not len(array) or (registration is not None and offset + len(array) > registration.rows):
             raise PartError(f"a part of {len(array)} rows at offset {offset} does not fit request {seq}"
                             + (f" of {registration.rows} rows" if registration is not None else ""))
+        if registration is not None and registration.sparse != isinstance(array, SparseVectors):
+            raise PartError(f"a part of {type(array).__name__} does not fit request {seq}, whose model gives "
+                            f"{'sparse' if registration.sparse else 'dense'} rows")
         if registration is not None and registration.width not in (None, array.shape[-1]):
             raise PartError(f"a part of {array.shape[-1]} values per row does not fit request {seq}, whose model "
                             f"gives {registration.width}")

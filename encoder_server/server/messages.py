@@ -278,6 +278,7 @@ class Registration:
     streamed: bool = False  # its client takes a large result in chunks
     width: int = None       # floats per row (per token) of its model's parts (None: not checked)
     output: dict = None     # how its rows are finished before they are served (model.outputs.Output)
+    sparse: bool = False    # its model's parts are SparseVectors
 
 
 @_kind(b"REGISTER")

@@ -208,7 +208,8 @@ class Ventilator:
         seq = self.next_seq
         registration = messages.Registration(request.identity, request.req_id, len(rows), request.with_tokens,
                                              request.streamed, self.models[model].embedding_dim,
-                                             None if output.plain else asdict(output))
+                                             None if output.plain else asdict(output),
+                                             self.models[model].kind == "sparse")
         try:
             if self.unsent:
                 raise zmq.Again()  # the sink is not taking messages now

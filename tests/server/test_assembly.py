@@ -168,3 +168,30 @@ def test_a_part_of_another_models_width_is_refused_once_the_request_is_registere
     with pytest.raises(PartError, match="8 values per row does not fit request 3, whose model gives 1"):
         assembler.add_part(3, 0, np.zeros((2, 8), dtype=np.float32))
     assert assembler.add_part(3, 0, np.ones((4, 1), dtype=np.float32)).array.shape == (4, 1)
+
+
+def test_a_sparse_request_takes_sparse_parts_only_and_joins_them_in_order():
+    from encoder_client.sparse import SparseVectors
+    from encoder_server.server.assembly import PartError
+
+    assembler = Assembler()
+    assembler.register(4, Registration(b"c", 1, rows=3, width=5, sparse=True))
+    with pytest.raises(PartError, match="ndarray does not fit request 4, whose model gives sparse rows"):
+        assembler.add_part(4, 0, np.zeros((1, 5), dtype=np.float32))
+    later = SparseVectors.from_dense(np.array([[0, 0, 3, 0, 4]], dtype=np.float32))
+    first = SparseVectors.from_dense(np.array([[1, 0, 0, 0, 0], [0, 0, 0, 0, 0]], dtype=np.float32))
+    assert assembler.add_part(4, 2, later) is None
+    done = assembler.add_part(4, 0, first)
+    np.testing.assert_array_equal(done.array.to_dense(), np.vstack([first.to_dense(), later.to_dense()]))
+
+
+def test_a_registration_with_an_output_finishes_the_rows_and_says_the_windows():
+    assembler = Assembler()
+    output = {"windows": [1, 2], "weights": [4, 10, 30], "dimensions": 2, "normalize": True, "precision": "float16",
+              "ranges": None}
+    assembler.register(5, Registration(b"c", 1, rows=3, width=3, output=output))
+    rows = np.array([[1, 0, 0], [0, 1, 0], [0, 3, 1]], dtype=np.float32)
+    done = assembler.add_part(5, 0, rows)
+    assert done.windows == [1, 2] and done.array.dtype == np.float16
+    merged = (rows[1] * 10 + rows[2] * 30) / 40
+    np.testing.assert_allclose(done.array, [[1, 0], merged[:2] / np.linalg.norm(merged[:2])], atol=1e-3)

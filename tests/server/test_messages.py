@@ -49,6 +49,17 @@ def test_part_round_trip_as_bytes_and_as_zero_copy_frames(array, tokens):
         assert decoded.array.dtype == np.float32
 
 
+def test_a_sparse_part_travels_as_its_entries():
+    from encoder_client.sparse import SparseVectors
+    rows = SparseVectors.from_dense(np.array([[0, 1.5, 0, 0], [0, 0, 0, 0], [2, 0, 0, -1]], dtype=np.float32))
+    part = messages.Part(seq=3, job_id=7, offset=0, array=rows, tokens=[["b"], [], ["a", "d"]])
+    frames = part.frames()
+    assert len(frames[2]) == 4 * 8 + 3 * 8  # offsets, then an index and a value per entry
+    decoded = messages.decode([zmq.Frame(bytes(frame)) for frame in frames])
+    assert isinstance(decoded.array, SparseVectors) and decoded.tokens == part.tokens
+    np.testing.assert_array_equal(decoded.array.to_dense(), rows.to_dense())
+
+
 def test_publish_keeps_the_identity_of_its_reply():
     assert messages.decode(messages.Publish([b"who", b"{}", b"1"]).frames()).identity == b"who"
 
@@ -101,6 +112,12 @@ def _heartbeat_with(**fields):
     [b"READY", b'{"pid": "1", "host": "h"}'],
     [b"REFUSED", b'{"job_id": 1, "error": 5}'],
     [b"REGISTER", b"id", b'{"seq": 1, "req_id": 1, "rows": -2}'],
+    # sparse parts: the entries must be what the header says, and well-formed
+    [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [1, 9], "sparse": 1}', b"\x00" * 24],
+    [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [1, 9], "sparse": -1}', b"\x00" * 16],
+    [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [1, 9, 2], "sparse": 0}', b"\x00" * 16],
+    [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [1, 9], "sparse": 1}',
+     np.array([0, 1], "<i8").tobytes() + np.array([9], "<i4").tobytes() + np.array([1], "<f4").tobytes()],
 ], ids=repr)
 def test_malformed_frames_raise_message_error(frames):
     with pytest.raises(MessageError):
