@@ -159,7 +159,7 @@ class Ventilator:
                 self.refuse_busy(encode, "server busy: too many long texts are being cut into windows; retry later")
 
     def on_windows(self):
-        for (encode, index, choices, output), result in self.windowing.finished():
+        for (encode, index, choices, output, arrived), result in self.windowing.finished():
             with self.replying_to(None, request=encode):
                 if isinstance(result, Exception):
                     raise ProtocolError(f"the texts could not be cut into windows: {result}", encode.identity,
@@ -171,7 +171,7 @@ class Ventilator:
                                         encode.identity, encode.req_id, TOO_LARGE)
                 weights = [len(ids) for ids in encoding.ids] if max(windows) > 1 else None
                 self.admit(encode, encoding.ids, index, {**choices, "token_ids": True},
-                           replace(output, windows=windows, weights=weights))
+                           replace(output, windows=windows, weights=weights), arrived)
 
     def on_command(self, request, peer):
         if request.command == b"SHOW_CONFIG":
@@ -187,9 +187,10 @@ class Ventilator:
             self.publish(encode_data(request.identity, request.req_id, {"terminating": True}))
             self.start_draining()
 
-    def admit(self, request, rows, model, choices, output):
+    def admit(self, request, rows, model, choices, output, arrived=None):
         """Queue `request`, as `rows` (its texts, or their windows), for the model of index `model`;
-        its rows are finished as `output` (model.outputs.Output) says."""
+        its rows are finished as `output` (model.outputs.Output) says. Its timeout counts from when
+        it `arrived` (None: now)."""
         if self.dispatcher.is_in_flight(request.identity, request.req_id):
             raise ProtocolError(f"req_id {request.req_id} is already in flight under this identity",
                                 request.identity, request.req_id)
@@ -217,7 +218,7 @@ class Ventilator:
         except zmq.Again:
             return self.refuse_busy(request, "server busy: the result queue is full; retry later")
         self.next_seq += 1
-        self.dispatcher.submit(seq, request.identity, rows, time.monotonic(), request.timeout_s,
+        self.dispatcher.submit(seq, request.identity, rows, arrived or time.monotonic(), request.timeout_s,
                                req_id=request.req_id, is_tokenized=request.is_tokenized,
                                with_tokens=request.with_tokens, model=model, **choices)
         self.log.debug("request %d: %d texts from %r", seq, len(request.texts), request.identity)

@@ -6,6 +6,7 @@ loop polls. What waits here is bounded in characters: past MAX_WAITING_CHARS a r
 as busy, and a single request above it as too large.
 """
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from encoder_client.protocol import TOO_LARGE, ProtocolError
@@ -35,7 +36,8 @@ class Windowing:
 
     def submit(self, encode, model, choices, output):
         """Cut the texts of `encode` (an intake.EncodeRequest) for the model of index `model` into
-        windows; `finished` gives them back with the request, its model, `choices` and `output`.
+        windows; `finished` gives them back with the request, its model, `choices`, `output` and when
+        it arrived (the monotonic clock), from which its timeout counts.
         False when too many characters wait already; ProtocolError (too_large) for a request that
         alone holds too many."""
         chars = sum(len(text) for text in encode.texts)
@@ -47,7 +49,7 @@ class Windowing:
             return False
         future = self._executor.submit(self._tokenizer(model).windows, encode.texts, choices["prompt"],
                                        self.models[model].chunk_overlap)
-        self._waiting[future] = ((encode, model, choices, output), chars)
+        self._waiting[future] = ((encode, model, choices, output, time.monotonic()), chars)
         self.chars += chars
         future.add_done_callback(lambda _: self._waker.send(b"."))
         return True
@@ -58,8 +60,8 @@ class Windowing:
         return self._tokenizers[model]
 
     def finished(self):
-        """((request, model, choices, output), (Encoding, windows per text) or the exception raised)
-        for each request done."""
+        """((request, model, choices, output, arrived), (Encoding, windows per text) or the exception
+        raised) for each request done."""
         try:
             while self._wake.recv(4096):
                 pass

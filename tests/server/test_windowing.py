@@ -1,6 +1,7 @@
 """encoder_server.server.windowing.Windowing: long texts cut into windows off the ventilator's loop,
 which a socket pair wakes; what waits there is bounded."""
 import select
+import time
 from dataclasses import replace
 
 import pytest
@@ -33,8 +34,9 @@ def test_a_long_text_comes_back_as_windows_with_its_request(models):
     try:
         assert cutter.surely_fit(0, ["a cat"], "") and not cutter.surely_fit(0, ["cat " * 20], "")
         assert cutter.submit(request(["a cat", "cat " * 40]), 0, {"prompt": ""}, "output")
-        [((encode, model, choices, output), (encoding, counts))] = wait(cutter)
-        assert encode.req_id == 1 and model == 0 and output == "output"
+        submitted = time.monotonic()
+        [((encode, model, choices, output, arrived), (encoding, counts))] = wait(cutter)
+        assert encode.req_id == 1 and model == 0 and output == "output" and arrived <= submitted
         assert counts[0] == 1 and counts[1] > 2 and len(encoding) == sum(counts)
         assert all(len(ids) <= 16 for ids in encoding.ids)
         assert cutter.chars == 0 and len(cutter) == 0
