@@ -67,12 +67,19 @@ def test_fuzzed_frames_kill_nothing_and_correct_requests_still_succeed(tiny_mode
             np.testing.assert_allclose(client.encode(texts), expected, rtol=1e-5, atol=1e-6)
 
 
-OPTIONS = ("v", "is_tokenized", "show_tokens", "timeout_ms", "prompt", "prompt_name", "normalize", "truncate")
+OPTIONS = ("v", "is_tokenized", "show_tokens", "timeout_ms", "prompt", "prompt_name", "normalize", "truncate",
+           "long_texts", "dimensions", "precision", "top_k", "model", "query", "raw_scores")
 
 
 WRONG = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10 ** 30), max_value=10 ** 30),
                   st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
                   st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+OUTPUT_OPTIONS = {"long_texts": st.sampled_from(["truncate", "error", "chunk", "split"]),
+                  "precision": st.sampled_from(["float32", "float16", "int8", "uint8", "binary", "ubinary", "int4"]),
+                  "dimensions": st.integers(-2, 40), "top_k": st.integers(-2, 5), "normalize": st.booleans(),
+                  "prompt": st.sampled_from(["", "cat: ", "dog " * 100])}
 
 
 TEXT = st.text(alphabet=st.characters(codec=None, blacklist_categories=()), min_size=0, max_size=50)
@@ -82,12 +89,16 @@ TEXT = st.text(alphabet=st.characters(codec=None, blacklist_categories=()), min_
 def hostile_requests(draw):
     """Requests with odd unicode (lone surrogates included), options of every wrong type, huge
     numbers, deep nesting and large payloads, under the fuzzer's identity."""
-    kind = draw(st.sampled_from(["texts", "options", "nesting", "number", "large"]))
+    kind = draw(st.sampled_from(["texts", "options", "outputs", "nesting", "number", "large"]))
     texts = draw(st.lists(TEXT, min_size=1, max_size=4))
     payload = json.dumps(texts).encode()
     options = {"v": 1}
     if kind == "options":
         options[draw(st.sampled_from(OPTIONS))] = draw(WRONG)
+    elif kind == "outputs":  # values of the right type, in and out of bounds, together, on long texts too
+        options.update(draw(st.fixed_dictionaries({}, optional=OUTPUT_OPTIONS)))
+        texts += draw(st.lists(st.integers(1, 3000).map(lambda words: "cat " * words), max_size=2))
+        payload = json.dumps(texts).encode()
     elif kind == "nesting":
         depth = draw(st.integers(900, 200_000))
         payload = b"[" * depth + b"]" * depth
@@ -169,7 +180,8 @@ def test_hostile_http_bodies_get_4xx_never_5xx(tiny_model, tmp_path):
                       st.dictionaries(st.sampled_from(OPTIONS + ("id", "is_tokenized")), WRONG, max_size=3)),
             st.builds(lambda texts, extra: {"model": model, "input": texts, **extra}, st.lists(TEXT, max_size=3),
                       st.dictionaries(st.sampled_from(("encoding_format", "dimensions", "user", "prompt",
-                                                       "normalize", "model")), WRONG, max_size=3)))
+                                                       "normalize", "model", "long_texts", "precision")), WRONG,
+                                      max_size=3)))
         seen = []
 
         @settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
