@@ -63,12 +63,16 @@ class Embedder:
             rows = self.embed_encoding(encoding, normalize=False)
             normalize = self.spec.normalize if normalize is None else normalize
             return finish(rows, Output(windows, [len(ids) for ids in encoding.ids], normalize=normalize))
+        return self.embed_encoding(self.tokenize_whole(texts, prompt, long_texts == "error"), normalize)
+
+    def tokenize_whole(self, texts, prompt, refuse_truncation):
+        """`tokenize`, or with `refuse_truncation` a ValueError naming the first text too long."""
         encoding = self.tokenize(texts, prompt=prompt)
-        if long_texts == "error" and encoding.truncated:
+        if refuse_truncation and encoding.truncated:
             index = min(encoding.truncated)
             raise ValueError(f"texts[{index}] has {encoding.truncated[index]} tokens, more than max_seq_len "
                              f"({self.tokenizer.truncate_at})")
-        return self.embed_encoding(encoding, normalize)
+        return encoding
 
     def embed_tokens(self, words, normalize=None):
         """The same for texts already split into words (bert-as-service's is_tokenized)."""

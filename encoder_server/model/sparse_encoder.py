@@ -29,13 +29,16 @@ class SparseEmbedder(Embedder):
             vectors = vectors.top_k(top_k)
         return unit_rows(vectors) if (self.spec.normalize if normalize is None else normalize) else vectors
 
-    def embed_texts(self, texts, prompt=None, top_k=None, normalize=None):
+    def embed_texts(self, texts, prompt=None, top_k=None, normalize=None, long_texts=None):
         """SparseVectors of len(texts) rows in input order; TypeError or ValueError naming a bad text.
         `prompt` is prepended to each text (None: the model's default prompt, if any); `top_k` and
-        `normalize` as `finish` takes them."""
+        `normalize` as `finish` takes them; `long_texts` truncate or error (chunk is for dense models)."""
         check_texts(texts)
+        long_texts = long_texts or self.spec.long_texts
+        if long_texts == "chunk":
+            raise ValueError("long_texts=chunk embeds long texts whole with dense models only: use truncate or error")
         prompt = self.spec.prompts.get(self.spec.default_prompt_name, "") if prompt is None else prompt
-        return self.embed_encoding(self.tokenize(texts, prompt=prompt), normalize, top_k=top_k)
+        return self.embed_encoding(self.tokenize_whole(texts, prompt, long_texts == "error"), normalize, top_k=top_k)
 
     def embed_tokens(self, words, top_k=None, normalize=None):
         """The same for texts already split into words (bert-as-service's is_tokenized)."""

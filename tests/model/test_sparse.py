@@ -305,3 +305,13 @@ def test_encoder_server_check_compares_a_sparse_model_with_sparse_encoder(tiny_s
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "sparse, 144 vocabulary entries a row (max pooling)" in checked.stdout
     assert "same non-zero entries" in checked.stdout and "same rows" in checked.stdout
+
+
+def test_long_texts_in_process_are_truncated_or_refused(tiny_sparse_encoder):
+    model = load(str(tiny_sparse_encoder))
+    long = " ".join(random_texts(20, seed=71, min_words=10, max_words=10))
+    assert len(model.embed_texts([long], long_texts="truncate")) == 1
+    with pytest.raises(ValueError, match=r"texts\[0\] has \d+ tokens, more than max_seq_len \(48\)"):
+        model.embed_texts([long], long_texts="error")
+    with pytest.raises(ValueError, match="dense models only"):
+        model.embed_texts([long], long_texts="chunk")
