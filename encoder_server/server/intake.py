@@ -124,9 +124,8 @@ def model_index(served, name):
 
 def model_choices(request, settings):
     """The Job fields (prompt, normalize, truncate; a reranker's query and raw_scores, a sparse model's
-    top_k) for an
-    EncodeRequest to a model with `settings`: the request's options, else the model's defaults.
-    ProtocolError for an unknown prompt name."""
+    top_k) for an EncodeRequest to a model with `settings`: the request's options, else the model's
+    defaults. ProtocolError for an unknown prompt name."""
     options = request.options or {}
     if settings.kind == "rerank":
         if options.get("prompt") or options.get("prompt_name") or options.get("normalize"):
@@ -191,8 +190,9 @@ def long_texts(request, settings):
 
 
 def can_chunk(request, settings):
-    return settings.kind == "embed" and not settings.pooling.token_level and not (
-        request.is_tokenized or request.with_tokens)
+    """Whether a request's long texts can be embedded whole: texts (not word lists, no tokens shown)
+    for a model of one vector per text."""
+    return can_shape(settings) and not (request.is_tokenized or request.with_tokens)
 
 
 def output_of(request, settings):
@@ -214,6 +214,7 @@ def output_of(request, settings):
 
 
 def can_shape(settings):
+    """Whether a model's rows are vectors that `dimensions` and `precision` apply to: one per text."""
     return settings.kind == "embed" and not settings.pooling.token_level
 
 
