@@ -432,6 +432,7 @@ def random_texts(count, seed=0, min_words=1, max_words=30):
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: runs for minutes (the long soak); left out unless selected "
                                        "with -m slow")
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (tests/cuda); skipped with a reason without one")
 
 
 # the folders whose tests run for many seconds first, the quick unit tests last: under pytest -n the

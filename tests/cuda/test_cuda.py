@@ -1,0 +1,69 @@
+"""The CUDA paths, where a GPU is (marker `cuda`; skipped with a reason on machines without one):
+fp32 and fp16 parity with a plain reference, start and stop, kill -9 of a CUDA worker under load,
+and ONNX Runtime's CUDA provider (served when onnxruntime-gpu is installed, a clear start-up error
+otherwise). On the device machine: `pytest -m cuda tests/cuda`."""
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import random_texts, reference_embeddings, running_server, wait_for
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600),
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device is visible to torch here")]
+TEXTS = random_texts(200, seed=81, min_words=1, max_words=40) + ["Ünïcödé ✓ and the cat"]
+
+
+def cosine_rows(a, b):
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_model):
+    return reference_embeddings(tiny_model, TEXTS)
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_cuda_rows_match_the_reference_and_the_server_stops_clean(tiny_model, tmp_path, expected, fp16):
+    flags = ("--device", "cuda", "--max-batch-size", "32") + (("--fp16",) if fp16 else ())
+    with running_server(tiny_model, *flags, tmp_path=tmp_path) as server:  # stops it, and checks no leftovers
+        with server.client() as client:
+            rows = client.encode(TEXTS)
+            assert client.server_config["device"] == "cuda" and client.server_config["fp16"] == fp16
+    cosine = cosine_rows(rows, expected)
+    assert cosine.min() >= (0.999 if fp16 else 0.99999), cosine.min()
+    if not fp16:
+        np.testing.assert_allclose(rows, expected, atol=1e-4, rtol=1e-3)
+
+
+def test_kill_9_of_a_cuda_worker_under_load_loses_nothing(tiny_model, tmp_path, expected):
+    texts = TEXTS * 20
+    with running_server(tiny_model, "--device", "cuda", "--num-worker", "2", "--max-batch-size", "16",
+                        tmp_path=tmp_path) as server:
+        with server.client() as client:
+            client.encode(texts, blocking=False)
+            wait_for(lambda: server.status()["in_flight_requests"] == 1)
+            os.kill(server.worker_pids()[0], signal.SIGKILL)
+            rows = client.fetch_all(concat=True)
+        assert cosine_rows(rows, np.tile(expected, (20, 1))).min() >= 0.99999
+        wait_for(lambda: server.status()["ready"], timeout=120)
+        status = server.status()
+        assert status["worker_restarts"] == 1 and status["workers_alive"] == 2
+
+
+def test_onnx_runtime_on_cuda_serves_or_says_what_is_missing(tiny_model, tmp_path, expected):
+    import onnxruntime
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        with running_server(tiny_model, "--device", "cuda", "--backend", "onnx", tmp_path=tmp_path) as server:
+            with server.client() as client:
+                assert cosine_rows(client.encode(TEXTS), expected).min() >= 0.99999
+        return
+    started = subprocess.run([sys.executable, "-m", "encoder_server.cli", "start", "--model", str(tiny_model),
+                              "--device", "cuda", "--backend", "onnx"], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert started.returncode != 0
+    assert "--device cuda --backend onnx needs the onnxruntime-gpu package" in started.stderr + started.stdout
