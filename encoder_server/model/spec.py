@@ -112,6 +112,12 @@ class ModelSpec:
         return PoolingSpec(self.pooling_strategy, self.pooling_layer, self.mask_cls_sep, self.normalize)
 
     @property
+    def pools_one_vector(self):
+        """Whether each text becomes one dense vector: what windows of long texts merge into, and what
+        `dimensions` and precisions apply to."""
+        return self.kind == EMBED and not self.pooling.token_level
+
+    @property
     def embedding_dim(self):
         """Floats per row of a result: one score for a reranker, the vocabulary's size for a sparse model."""
         if self.kind == RERANK:
@@ -269,7 +275,7 @@ def _check_prompt_name(spec):
 
 
 def _check_long_texts(spec):
-    if spec.long_texts == "chunk" and spec.kind == EMBED and spec.pooling.token_level:
+    if spec.long_texts == "chunk" and spec.kind == EMBED and not spec.pools_one_vector:
         raise ConfigError("--long-texts chunk needs one vector per text: token-level pooling has one per token")
     if spec.long_texts == "chunk" and spec.chunk_overlap >= spec.truncate_at - 2:
         raise ConfigError(f"--chunk-overlap {spec.chunk_overlap} leaves no room in a window of {spec.truncate_at} "

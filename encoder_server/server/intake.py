@@ -192,7 +192,7 @@ def long_texts(request, settings):
 def can_chunk(request, settings):
     """Whether a request's long texts can be embedded whole: texts (not word lists, no tokens shown)
     for a model of one vector per text."""
-    return can_shape(settings) and not (request.is_tokenized or request.with_tokens)
+    return settings.pools_one_vector and not (request.is_tokenized or request.with_tokens)
 
 
 def output_of(request, settings):
@@ -203,7 +203,7 @@ def output_of(request, settings):
     if precision not in PRECISIONS:
         raise ProtocolError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision[:32]!r}",
                             request.identity, request.req_id)
-    if (dimensions is not None or precision != "float32") and not can_shape(settings):
+    if (dimensions is not None or precision != "float32") and not settings.pools_one_vector:
         raise ProtocolError(f"dimensions and precision apply to the vectors of an embedding model; model "
                             f"{settings.name!r} gives {_gives(settings)}", request.identity, request.req_id)
     if dimensions is not None and not 1 <= dimensions <= settings.embedding_dim:
@@ -211,11 +211,6 @@ def output_of(request, settings):
                             request.identity, request.req_id)
     return Output(dimensions=None if dimensions == settings.embedding_dim else dimensions,
                   normalize=options.get("normalize", settings.normalize), precision=precision)
-
-
-def can_shape(settings):
-    """Whether a model's rows are vectors that `dimensions` and `precision` apply to: one per text."""
-    return settings.kind == "embed" and not settings.pooling.token_level
 
 
 def _gives(settings):

@@ -69,8 +69,7 @@ class Worker:
         self.busy_since = {}  # stage (prefetch or a lane) -> monotonic start of the step it is on
         self.model.warm_up(WARMUP_TEXTS)
         # the ranges its clients' int8 and uint8 rows are quantized with (the ventilator publishes them)
-        calibrated = settings.kind == "embed" and not settings.pooling.token_level
-        self.calibration = self.model.calibration(SAMPLE) if calibrated else None
+        self.calibration = self.model.calibration(SAMPLE) if settings.pools_one_vector else None
 
     # ----- intake: the jobs socket -----
 
