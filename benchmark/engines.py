@@ -88,12 +88,12 @@ class _Server:
 class Service(_Server):
     """`encoder-server start` with the given flags."""
 
-    def __init__(self, name, flags=(), model=None, log_dir="/tmp"):
+    def __init__(self, name, flags=(), model=None, log_dir="/tmp", env=None):
         self.name = name
         self.port, self.port_out = free_port(), free_port()
         self.command = [sys.executable, "-m", "encoder_server.cli", "start", "--port", str(self.port),
                         "--port-out", str(self.port_out), *(["--model", str(model)] if model else []), *flags]
-        self.env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         self.log_path = Path(log_dir) / f"bench-{self.port}.log"
 
     def ready(self):

@@ -5,8 +5,11 @@ A backend runs one padded Pass (model.passes) through the pooled encoder:
     backend.run(pass_) -> np.ndarray   # [n, dim], or [n, seq, dim] for token-level pooling
 
 BACKENDS is the one table of them: the spec and the CLI take their names from it, and
-load_backend builds from it.
+load_backend builds from it. It holds `zero` (zero rows without a model, to measure the server's
+own overhead) only where the environment sets ZERO_BACKEND_VARIABLE to 1, so that no production
+server can be started on it by mistake.
 """
+import os
 from dataclasses import dataclass
 from importlib import import_module
 
@@ -20,6 +23,9 @@ class BackendKind:
 
 BACKENDS = {"onnx": BackendKind("onnx_backend", "OnnxBackend", default_on=("cpu",)),
             "torch": BackendKind("torch_backend", "TorchBackend", default_on=("cuda",))}
+ZERO_BACKEND_VARIABLE = "ENCODER_SERVER_ZERO_BACKEND"
+if os.environ.get(ZERO_BACKEND_VARIABLE) == "1":
+    BACKENDS["zero"] = BackendKind("zero_backend", "ZeroBackend", default_on=())
 
 
 def default_backend(device):

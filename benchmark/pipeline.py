@@ -1,0 +1,176 @@
+"""The server's own ceiling: requests through ventilator -> workers -> sink on the zero backend
+(encoder_server/model/zero_backend.py), which runs no model, so that what limits the rate is the
+server's own work per request and per text (and the clients', which run beside it on the same
+cores, as they do in every scenario here).
+
+    python -m benchmark.pipeline [--seconds 5] [--repeats 3] [--loaders 2] [-- server flags]
+
+Clients run in `--loaders` processes (threads of the sync client in each), so that one client
+process's interpreter does not cap the rate it measures. Each cell is a closed loop: every client
+sends its request, waits for the reply and sends again; replies that arrive inside the window count.
+
+Beside the rates, each cell says how much CPU time each stage spent per request over the window
+(the ventilator, the sink, the workers together, the clients together): on a host with cores to
+spare, one ventilator and one sink serve at most 1e6 / (their µs per request) requests a second,
+whatever the workers do, which is the ceiling that more workers cannot lift.
+"""
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from benchmark import corpus, engines  # noqa: E402
+
+CELLS = (("32 clients x 32 short texts", 32, 32), ("32 clients x 1 short text", 32, 1))
+ZERO_BACKEND = {"ENCODER_SERVER_ZERO_BACKEND": "1"}
+
+
+def measure(model=None, flags=(), cells=CELLS, seconds=5.0, repeats=3, loaders=2, log_dir="/tmp"):
+    """[{cell, clients, batch, texts_per_s, requests_per_s, p50_ms, p99_ms, cpu_us_per_request}] on the
+    zero backend, the median of `repeats` windows of `seconds` each."""
+    rows = []
+    with engines.Service("service (zero backend)", ("--backend", "zero", *flags), model, log_dir,
+                         env=ZERO_BACKEND) as server:
+        for name, clients, batch in cells:
+            runs = [closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid)
+                    for _ in range(repeats)]
+            rows.append({"cell": name, "clients": clients, "batch": batch,
+                         **{key: round(statistics.median(run[key] for run in runs), 1) for key in runs[0]
+                            if key != "cpu_us_per_request"},
+                         "cpu_us_per_request": {stage: round(statistics.median(run["cpu_us_per_request"][stage]
+                                                                               for run in runs))
+                                                for stage in runs[0]["cpu_us_per_request"]}})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def closed_loop(port, port_out, clients, batch, seconds, loaders, server_pid=None, warmup=1.0):
+    """{texts_per_s, requests_per_s, p50_ms, p99_ms, cpu_us_per_request: {stage: µs}} of `clients`
+    closed-loop clients spread over `loaders` processes (the stages' CPU needs the server's pid)."""
+    loaders = max(1, min(loaders, clients))
+    context = multiprocessing.get_context("spawn")
+    start = time.time() + warmup + 2.0  # spawned interpreters need a moment to start
+    window = (start, start + seconds)
+    cpu = StageClock(server_pid, window)
+    with context.Pool(loaders) as pool:
+        shares = [clients * i // loaders for i in range(loaders + 1)]
+        results = pool.starmap(_load, [(port, port_out, high - low, low, batch, window)
+                                       for low, high in zip(shares, shares[1:])])
+    latencies = sorted(latency for result in results for latency in result)
+    requests = len(latencies)
+    return {"texts_per_s": requests * batch / seconds, "requests_per_s": requests / seconds,
+            "p50_ms": 1000 * latencies[requests // 2] if latencies else float("nan"),
+            "p99_ms": 1000 * latencies[min(requests - 1, requests * 99 // 100)] if latencies else float("nan"),
+            "cpu_us_per_request": {stage: 1e6 * spent / max(1, requests) for stage, spent in cpu.spent().items()}}
+
+
+class StageClock:
+    """CPU seconds that each stage spends over `window` (wall-clock start and end): the server's
+    processes, told apart by the names they give themselves, and this process's other children
+    (the loaders)."""
+
+    def __init__(self, server_pid, window):
+        self.server_pid, self.window = server_pid, window
+        self.readings = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def spent(self):
+        self.thread.join()
+        if len(self.readings) < 2:
+            return {}
+        first, last = self.readings
+        return {stage: last.get(stage, 0.0) - first.get(stage, 0.0) for stage in last}
+
+    def _read(self):
+        for moment in self.window:
+            time.sleep(max(0.0, moment - time.time()))
+            self.readings.append(self._stages())
+
+    def _stages(self):
+        import psutil
+        totals = {}
+        server = {process.pid: process for process in _tree(self.server_pid)} if self.server_pid else {}
+        clients = [process for process in psutil.Process().children(recursive=True) if process.pid not in server
+                   and process.pid != self.server_pid]
+        for stage, processes in (*((_stage(process), [process]) for process in server.values()),
+                                 ("clients", clients)):
+            for process in processes:
+                try:
+                    times = process.cpu_times()
+                except psutil.Error:
+                    continue
+                totals[stage] = totals.get(stage, 0.0) + times.user + times.system
+        return totals
+
+
+def _tree(pid):
+    import psutil
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _stage(process):
+    name = process.name()
+    return "workers" if "worker-" in name else name if name in ("ventilator", "sink") else "other"
+
+
+def _load(port, port_out, clients, first, batch, window):
+    """One loader process: `clients` threads, each a sync client; the latencies of the requests
+    that finished inside `window` (wall-clock start and end)."""
+    from encoder_client import EncoderClient
+    texts = corpus.texts("short", 4096)
+    latencies, errors = [], []
+
+    def user(index):
+        try:
+            with EncoderClient("127.0.0.1", port, port_out, timeout=60) as client:
+                offset = index * batch
+                client.encode(texts[:batch])  # connected and warm
+                while time.time() < window[1]:
+                    sent = time.perf_counter()
+                    client.encode([texts[(offset + i) % len(texts)] for i in range(batch)])
+                    finished = time.time()
+                    offset += 997 * batch
+                    if window[0] <= finished <= window[1]:
+                        latencies.append(time.perf_counter() - sent)
+        except Exception as error:  # reported by the caller
+            errors.append(error)
+
+    threads = [threading.Thread(target=user, args=(first + i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} client(s) failed: {errors[0]!r}")
+    return latencies
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="model folder (default: the bundled all-MiniLM-L6-v2)")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--loaders", type=int, default=2, help="client processes")
+    parser.add_argument("--out", default=None, help="write the rows as JSON to this file")
+    parser.add_argument("flags", nargs="*", help="server flags, after --")
+    args = parser.parse_args(argv)
+    rows = measure(args.model, args.flags, seconds=args.seconds, repeats=args.repeats, loaders=args.loaders)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
