@@ -50,6 +50,9 @@ class EncoderClient:
         self._receiver = self._socket(zmq.SUB, f"tcp://{host}:{port_out}")
         self._receiver.setsockopt(zmq.SUBSCRIBE, self._topic)
         self._monitors = break_monitors(self._sender, self._receiver)
+        self._poller = zmq.Poller()  # a reply, or news of a broken connection
+        for sock in (self._receiver, *self._monitors):
+            self._poller.register(sock, zmq.POLLIN)
         self._connected = False
         self._pending = {}
         self._replies = ReplyReader()
@@ -270,7 +273,7 @@ class EncoderClient:
     def _check_connection(self):
         """Read connection events: a break marks the requests in flight as lost."""
         for monitor in self._monitors:
-            while monitor.poll(0):
+            while monitor.getsockopt(_EVENTS) & _POLLIN:
                 if recv_monitor_message(monitor)["event"] & AUTH_FAILED:
                     raise PermissionError(f"the encoder-server at {self.address} refused this client's "
                                           "CURVE key (or the server key is wrong)")
@@ -327,13 +330,9 @@ class EncoderClient:
                                       f"request {first} was in flight; its reply may never come")
 
     def _receive(self, deadline, listening=False):
-        poller = zmq.Poller()
-        poller.register(self._receiver, zmq.POLLIN)
-        for monitor in self._monitors:
-            poller.register(monitor, zmq.POLLIN)
         while True:
             wait_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            events = dict(poller.poll(wait_ms))
+            events = dict(self._poller.poll(wait_ms))
             if not events:
                 raise TimeoutError(f"no reply from the encoder-server at {self.address} "
                                    f"within {self.timeout}s")
@@ -359,6 +358,9 @@ class EncoderClient:
     def _format(self, array):
         """An array as output_fmt says (a sparse model's SparseVectors stay as they are)."""
         return array.tolist() if self.output_fmt == "list" and isinstance(array, np.ndarray) else array
+
+
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: pyzmq's enums cost microseconds per operation
 
 
 def _concatenate(values, output_fmt):

@@ -28,6 +28,7 @@ comes as one result message per CHUNK_BYTES of its body, each header adding ``"o
 its bytes go in the array (``tokens`` only in the first). A server's queue for a reader then
 holds messages of bounded size, and the client puts them back together (ReplyReader).
 """
+import functools
 import json
 import math
 from collections import OrderedDict
@@ -166,24 +167,20 @@ def decode_texts(request):
 
 
 def encode_result(identity, req_id, array, tokens=None, num_tokens=None, truncated=0, windows=None):
-    array, layout = _layout(array)
-    header = {**layout, "tokens": tokens or "", "num_tokens": num_tokens, "truncated": truncated,
-              **({"windows": windows} if windows else {})}
-    return [topic(identity), json.dumps(header).encode(), memoryview(np.ascontiguousarray(array)).cast("B"),
-            b"%d" % req_id]
+    return next(result_messages(identity, req_id, array, tokens, num_tokens, truncated, windows=windows))
 
 
 def result_messages(identity, req_id, array, tokens=None, num_tokens=None, truncated=0, streamed=False,
                     windows=None):
-    """The messages that carry one result, made as they are taken: encode_result's one, or with
-    `streamed`, one per CHUNK_BYTES of the array, each with its own copy of its bytes (so a chunk
-    waiting to be read keeps no more of the array alive than itself)."""
+    """The messages that carry one result, made as they are taken: one, or with `streamed`, one per
+    CHUNK_BYTES of the array, each with its own copy of its bytes (so a chunk waiting to be read
+    keeps no more of the array alive than itself)."""
     sent, layout = _layout(array)
     body = memoryview(np.ascontiguousarray(sent)).cast("B")
-    if not streamed or len(body) <= CHUNK_BYTES:
-        yield encode_result(identity, req_id, array, tokens, num_tokens, truncated, windows)
-        return
     header = {**layout, "num_tokens": num_tokens, "truncated": truncated, **({"windows": windows} if windows else {})}
+    if not streamed or len(body) <= CHUNK_BYTES:
+        yield [topic(identity), json.dumps({**header, "tokens": tokens or ""}).encode(), body, b"%d" % req_id]
+        return
     for offset in range(0, len(body), CHUNK_BYTES):
         yield [topic(identity), json.dumps({**header, "tokens": (tokens or "") if offset == 0 else "",
                                             "offset": offset}).encode(), bytes(body[offset:offset + CHUNK_BYTES]),
@@ -194,10 +191,15 @@ def _layout(array):
     """(the array whose bytes are sent, the header's dtype and shape): sparse rows as their wire form,
     uint8 bytes, with `sparse` saying how to read them."""
     if not isinstance(array, SparseVectors):
-        return array, {"dtype": str(array.dtype), "shape": list(array.shape)}
+        return array, {"dtype": _dtype_name(array.dtype), "shape": list(array.shape)}
     body = np.frombuffer(array.to_bytes(), dtype=np.uint8)
     return body, {"dtype": "uint8", "shape": [len(body)],
                   "sparse": {"rows": len(array), "nnz": array.nnz, "dim": array.dim}}
+
+
+@functools.cache
+def _dtype_name(dtype):
+    return dtype.name  # (numpy works it out anew each time, in microseconds)
 
 
 def encode_error(identity, req_id, message, code=None):

@@ -10,6 +10,8 @@ def stack_rows(rows):
 
 def concat_parts(parts):
     """A request's parts ([n, dim] or [n, seq, dim]) into one array, in the given order."""
+    if len(parts) == 1:
+        return parts[0]
     return np.concatenate(_pad_to_common_length(parts, axis=1), axis=0)
 
 

@@ -6,6 +6,7 @@ Settings (encoder_server.settings) adds its own choices beside these, the CLI bu
 from both, and `resolve_spec` fills in every choice left at None from what the model folder says.
 """
 import argparse
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass, field, fields, replace
@@ -107,7 +108,7 @@ class ModelSpec:
     vocab_size: int = None        # sparse: the width of a row
     max_active_dims: int = None   # sparse: the model's default cap on a row's non-zero entries (None: no cap)
 
-    @property
+    @functools.cached_property  # (read for every request: made once)
     def pooling(self):
         return PoolingSpec(self.pooling_strategy, self.pooling_layer, self.mask_cls_sep, self.normalize)
 
@@ -117,7 +118,7 @@ class ModelSpec:
         `dimensions` and precisions apply to."""
         return self.kind == EMBED and not self.pooling.token_level
 
-    @property
+    @functools.cached_property
     def embedding_dim(self):
         """Floats per row of a result: one score for a reranker, the vocabulary's size for a sparse model."""
         if self.kind == RERANK:

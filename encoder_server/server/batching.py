@@ -22,9 +22,11 @@ class Tokenized:
     arrived: float = field(default_factory=time.monotonic)  # when the worker received the job
     started: bool = False      # whether a pass has taken any of its rows
     outputs: list = field(default=None, repr=False)
+    lengths: list = field(default=None, repr=False)  # tokens per row
 
     def __post_init__(self):
         self.outputs = [None] * len(self.encoding)
+        self.lengths = [len(ids) for ids in self.encoding.ids]
 
     @property
     def priority(self):
@@ -160,8 +162,7 @@ class BatchPlanner:
 
 
 def _length(row):
-    job, index = row
-    return len(job.ids[index])
+    return row[0].lengths[row[1]]
 
 
 def _by_length(rows):

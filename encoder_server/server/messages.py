@@ -2,15 +2,19 @@
 
     worker     -> ventilator  Ready | Heartbeat (metrics since the last one) | Dropped (budget spent)
                               | Refused (its texts break the request's rules, e.g. truncate=False)
-    ventilator -> worker      Job | Heartbeat | Who (a worker it does not know: say READY)
+    ventilator -> worker      Jobs | Heartbeat | Who (a worker it does not know: say READY)
     ventilator -> sink        Register | Publish (a reply for a client) | Forget (request cancelled)
                               | Reset (a new ventilator: fail every request held)
-    worker     -> sink        Part
-    sink       -> ventilator  Done (one per finished job) | Gone (nobody listens for the request)
+    worker     -> sink        Parts
+    sink       -> ventilator  Done (the jobs whose parts it has) | Gone (nobody listens for the request)
                               | Unread (a client left too much unread: drop its queued work)
                               | BadPart (a worker's part for this job could not be used)
     supervisor -> ventilator  WorkerExited | SinkRestarted  (these go over a multiprocessing pipe)
     ventilator -> supervisor  WorkerSilent
+
+Jobs, Parts, Done and Register each carry as many items as were ready at once (the jobs dealt to
+one worker in a turn of the ventilator's loop, the parts of one forward pass, ...): under load a
+process then sends and receives one message for many requests, not several for each.
 
 Each ZeroMQ message has one encode/decode pair: `message.frames()`, and `decode(frames)` for
 all of them. Decoding raises MessageError and nothing else for frames that are no message of
@@ -20,6 +24,7 @@ Time crosses hosts only as durations: a Job carries how much of its client's tim
 and how long it has waited, never a clock reading, so a worker whose clock is off by any amount
 measures both against its own monotonic clock from the moment it receives the job.
 """
+import functools
 import json
 import math
 from dataclasses import MISSING, dataclass, field, fields
@@ -70,7 +75,6 @@ def _kind(name):
     return register
 
 
-@_kind(b"JOB")
 @dataclass(frozen=True)
 class Job:
     """Texts for a worker: part of request `seq`, from its text `offset` on."""
@@ -91,16 +95,23 @@ class Job:
     token_ids: bool = False  # the texts are token-id rows (windows of long texts), tokenized already
     top_k: int = None        # a sparse model's: the most non-zero entries kept per row
 
-    def frames(self):
-        return [self.KIND, _json(vars(self))]
-
-    @classmethod
-    def decode(cls, frames):
-        return _typed(cls, _object(frames[0]))
-
     def spent(self, received_at, now):
         """Whether its budget ran out between `received_at` and `now` (both on one monotonic clock)."""
         return self.budget_ms is not None and (now - received_at) * 1000 >= self.budget_ms
+
+
+@_kind(b"JOBS")
+@dataclass(frozen=True)
+class Jobs:
+    """Jobs for one worker, in the order it should take them."""
+    jobs: tuple
+
+    def frames(self):
+        return [self.KIND, _json([vars(job) for job in self.jobs])]
+
+    @classmethod
+    def decode(cls, frames):
+        return cls(tuple(_typed(Job, job) for job in _objects(frames[0])))
 
 
 @_kind(b"WHO")
@@ -187,8 +198,20 @@ class Refused:
 
 
 @_kind(b"DONE")
-class Done(_Number):
-    """The sink has job `number`'s part."""
+@dataclass(frozen=True)
+class Done:
+    """The sink has the parts of these jobs."""
+    job_ids: tuple
+
+    def frames(self):
+        return [self.KIND, b" ".join(b"%d" % job_id for job_id in self.job_ids)]
+
+    @classmethod
+    def decode(cls, frames):
+        job_ids = tuple(_count(number) for number in _bytes(frames[0]).split())
+        if not job_ids:
+            raise MessageError("a DONE message without job ids")
+        return cls(job_ids)
 
 
 @_kind(b"GONE")
@@ -228,15 +251,16 @@ class BadPart:
         return _typed(cls, _object(frames[0]))
 
 
-def job_id_in(frames):
-    """The job id a PART that failed to decode names, when it can be read; else None."""
+def job_ids_in(frames):
+    """The job ids that a PARTS message which failed to decode names, as far as they can be read."""
     try:
-        if _bytes(frames[0]) == Part.KIND:
-            job_id = _object(frames[1]).get("job_id")
-            return job_id if _is_count(job_id) else None
+        if _bytes(frames[0]) == Parts.KIND:
+            headers = json.loads(_bytes(frames[1]))
+            return [header["job_id"] for header in headers if isinstance(header, dict)
+                    and _is_count(header.get("job_id"))] if isinstance(headers, list) else []
     except (ValueError, IndexError, RecursionError):
         pass
-    return None
+    return []
 
 
 @_kind(b"FORGET")
@@ -284,19 +308,25 @@ class Registration:
 @_kind(b"REGISTER")
 @dataclass(frozen=True)
 class Register:
-    seq: int
-    registration: Registration
+    """Requests admitted: {seq: Registration}."""
+    registrations: dict
 
     def frames(self):
-        header = {"seq": self.seq, **vars(self.registration)}
-        del header["identity"]
-        return [self.KIND, self.registration.identity, _json(header)]
+        headers = [{"seq": seq, **vars(registration)} for seq, registration in self.registrations.items()]
+        for header in headers:
+            del header["identity"]
+        return [self.KIND, _json(headers), *(registration.identity for registration in self.registrations.values())]
 
     @classmethod
     def decode(cls, frames):
-        header = _object(frames[1])
-        seq = _typed(_Seq, {"seq": header.pop("seq", None)}).seq
-        return cls(seq, _typed(Registration, {"identity": _bytes(frames[0]), **header}))
+        headers = _objects(frames[0])
+        if len(headers) != len(frames) - 1:
+            raise MessageError(f"a REGISTER of {len(headers)} requests with {len(frames) - 1} identities")
+        registrations = {}
+        for header, identity in zip(headers, frames[1:]):
+            seq = _typed(_Seq, {"seq": header.pop("seq", None)}).seq
+            registrations[seq] = _typed(Registration, {"identity": _bytes(identity), **header})
+        return cls(registrations)
 
 
 @_kind(b"PUBLISH")
@@ -320,7 +350,6 @@ class Publish:
         return topic[:-len(TOPIC_END)] if topic.endswith(TOPIC_END) else topic
 
 
-@_kind(b"PART")
 @dataclass(frozen=True, eq=False)
 class Part:
     """A job's rows: float32 [rows, dim], or [rows, seq, dim] with token-level pooling, or a sparse
@@ -333,28 +362,55 @@ class Part:
     num_tokens: int = 0
     truncated: int = 0  # how many of its texts were cut at max_seq_len
 
-    def frames(self):
+    def header(self):
+        """Its JSON-able fields, and its body's bytes (see Parts)."""
         header = {"seq": self.seq, "job_id": self.job_id, "offset": self.offset, "shape": list(self.array.shape),
                   "tokens": self.tokens, "num_tokens": self.num_tokens, "truncated": self.truncated}
         if isinstance(self.array, SparseVectors):
-            return [self.KIND, _json({**header, "sparse": self.array.nnz}), self.array.to_bytes()]
-        return [self.KIND, _json(header), memoryview(np.ascontiguousarray(self.array, dtype=np.float32)).cast("B")]
+            return {**header, "sparse": self.array.nnz}, self.array.to_bytes()
+        return header, memoryview(np.ascontiguousarray(self.array, dtype=np.float32)).cast("B")
 
     @classmethod
-    def decode(cls, frames):
-        header = _object(frames[0])
+    def of(cls, header, body):
         shape, nnz = header.pop("shape", None), header.pop("sparse", None)
         if not (isinstance(shape, list) and len(shape) in (2, 3) and all(_is_count(n) for n in shape)) or (
                 nnz is not None and not (_is_count(nnz) and len(shape) == 2)):
             raise MessageError(f"a PART's shape must be 2 or 3 counts, got {str(shape)[:64]}")
-        body = frames[1].buffer if hasattr(frames[1], "buffer") else frames[1]
         array = np.frombuffer(body, dtype=np.float32).reshape(shape) if nnz is None else \
             SparseVectors.from_bytes(body, shape[0], nnz, shape[1])
-        part = _typed(cls, {"array": array, **header})
+        part = _typed(cls, {**header, "array": array})  # (a header may not name its own array)
         if part.tokens is not None and not (len(part.tokens) == len(array) and
                                             all(isinstance(row, list) for row in part.tokens)):
             raise MessageError("a PART's tokens must be one list per row")
         return part
+
+
+@_kind(b"PARTS")
+@dataclass(frozen=True, eq=False)
+class Parts:
+    """The parts of the jobs one forward pass finished: their headers in one frame, their bodies
+    one after another in the next, each header saying its body's length in `bytes`."""
+    parts: tuple
+
+    def frames(self):
+        headers, bodies = zip(*(part.header() for part in self.parts))
+        headers = [{**header, "bytes": len(body)} for header, body in zip(headers, bodies)]
+        return [self.KIND, _json(headers), b"".join(bodies)]
+
+    @classmethod
+    def decode(cls, frames):
+        headers = _objects(frames[0])
+        body = memoryview(frames[1].buffer if hasattr(frames[1], "buffer") else frames[1]).cast("B")
+        parts, start = [], 0
+        for header in headers:
+            size = header.pop("bytes", None)
+            if not _is_count(size) or start + size > len(body):
+                raise MessageError("a PART's bytes must be a count within the body")
+            parts.append(Part.of(header, body[start:start + size]))
+            start += size
+        if start != len(body):
+            raise MessageError(f"a PARTS body of {len(body)} bytes, {len(body) - start} past its parts")
+        return cls(tuple(parts))
 
 
 @dataclass(frozen=True)
@@ -383,17 +439,24 @@ class _Seq:
 def _typed(message_type, values):
     """message_type(**values), once every field is present (or has a default) and has its type;
     numbers must be finite, and ints (ids, counts) not negative."""
-    known = {f.name: f for f in fields(message_type)}
-    unknown = set(values) - set(known)
+    known = _fields(message_type)
+    unknown = values.keys() - known.keys()
     if unknown:
         raise MessageError(f"unknown field {sorted(unknown)[0]!r} in {message_type.__name__}")
-    for name, spec in known.items():
+    for name, (kind, default, required) in known.items():
         if name not in values:
-            if spec.default is MISSING and spec.default_factory is MISSING:
+            if required:
                 raise MessageError(f"{message_type.__name__} has no field {name!r}")
-        elif not _has_type(values[name], spec.type, spec.default):
-            raise MessageError(f"{message_type.__name__}.{name} is not a valid {getattr(spec.type, '__name__', spec.type)}")
+        elif not _has_type(values[name], kind, default):
+            raise MessageError(f"{message_type.__name__}.{name} is not a valid {getattr(kind, '__name__', kind)}")
     return message_type(**values)
+
+
+@functools.cache
+def _fields(message_type):
+    """{name: (type, default, whether it is required)} of a message class's fields."""
+    return {f.name: (f.type, f.default, f.default is MISSING and f.default_factory is MISSING)
+            for f in fields(message_type)}
 
 
 def _has_type(value, kind, default):
@@ -402,14 +465,14 @@ def _has_type(value, kind, default):
     if kind is int:
         return _is_count(value)
     if kind is float:
-        return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        return type(value) is int or type(value) is float and math.isfinite(value)  # (JSON's numbers; no bools)
     if kind is object:
         return True
     return isinstance(value, kind)
 
 
 def _is_count(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return type(value) is int and value >= 0  # (not a bool, whose type is bool)
 
 
 def _count(frame):
@@ -421,6 +484,14 @@ def _count(frame):
 
 def _json(value):
     return json.dumps(value).encode()
+
+
+def _objects(frame):
+    """A non-empty JSON list of objects."""
+    values = json.loads(_bytes(frame))
+    if not (isinstance(values, list) and values and all(isinstance(value, dict) for value in values)):
+        raise MessageError("expected a non-empty JSON list of objects")
+    return values
 
 
 def _object(frame):

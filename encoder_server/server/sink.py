@@ -3,7 +3,7 @@
 Sockets: `collect` (PULL: parts from workers, local or remote), `control` (PULL, ipc only:
 registrations and replies from the ventilator, which no peer on the worker port can forge),
 `publish` (XPUB in manual mode, clients: it tells us who subscribes, and we apply whole topics
-only, see subscriptions.py), `feedback` (PUSH to the ventilator: one DONE per finished job, GONE
+only, see subscriptions.py), `feedback` (PUSH to the ventilator: DONE for the jobs of each message of parts, GONE
 for a request nobody has listened for in ABANDON_AFTER seconds, UNREAD for a client whose replies
 were dropped, BADPART for a part that could not be used).
 
@@ -24,7 +24,7 @@ from . import messages
 from .assembly import Assembler, PartError
 from .backlog import Backlog, size_of
 from .ownership import Owners
-from .sockets import POLL_MS, make_socket, peer_address, user_id
+from .sockets import POLL_MS, make_socket, peer_address, user_id, waiting
 from .subscriptions import Subscriptions, parse_change
 
 ABANDON_AFTER = 15.0
@@ -75,12 +75,15 @@ class Sink:
             poller.register(news, zmq.POLLIN if self.backlog.waits_for_room() else 0)
             events = dict(poller.poll(self.poll_ms()))
             if self.publish in events:
-                self.on_subscription(self.publish.recv(copy=False))
+                for frames in waiting(self.publish, copy=False):
+                    self.on_subscription(frames[0])
+            if self.control in events:  # first: a request's registration before its parts
+                for frames in waiting(self.control, copy=False):
+                    self.on_message(frames, "the ventilator",
+                                    (messages.Register, messages.Publish, messages.Forget, messages.Reset))
             if self.collect in events:
-                self.on_part(self.collect.recv_multipart(copy=False))
-            if self.control in events:
-                self.on_message(self.control.recv_multipart(copy=False), "the ventilator",
-                                (messages.Register, messages.Publish, messages.Forget, messages.Reset))
+                for frames in waiting(self.collect, copy=False):
+                    self.on_parts(frames)
             self.release()
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + CHECK_INTERVAL
@@ -106,7 +109,7 @@ class Sink:
                 self.log.warning("refused a subscription to %r: only a client identity followed by a NUL byte, or "
                                  "a bert-serving-client UUID (one such line per %ds)", message[1:40], WARN_EVERY)
             return
-        owned = self.owners.claim(change.identity, user_id(frame))
+        owned = self.owners.claim(change.identity, user_id(frame, self.authenticator is not None))
         if self.subscriptions.update(change, owned):
             self.publish.setsockopt(zmq.SUBSCRIBE if change.subscribe else zmq.UNSUBSCRIBE, change.topic)
             if change.subscribe:
@@ -127,30 +130,41 @@ class Sink:
 
     # ----- workers and the ventilator -----
 
-    def on_part(self, frames):
-        """A worker's part. One that cannot be used is dropped, and its job reported when its id
+    def on_parts(self, frames):
+        """A worker's parts. One that cannot be used is dropped, and its job reported when its id
         can be read, so the ventilator gives the job to another worker and stops trusting this one."""
+        remote = peer_address(frames[0]) is not None
         try:
-            part = messages.decode(frames)
-            if not isinstance(part, messages.Part):
-                if self.may_warn("not a part"):
-                    self.log.warning("dropped a %s message from a worker, which it may not send (one such line per "
-                                     "%ds)", type(part).__name__, WARN_EVERY)
-                return
-            self.check_shape(part.array)
-            completed = self.assembler.add_part(part.seq, part.offset, part.array, part.tokens, part.num_tokens,
-                                                part.truncated)
-        except (messages.MessageError, PartError) as error:
-            job_id = messages.job_id_in(frames)
-            if self.may_warn("bad part"):
-                self.log.warning("dropped a message from a worker%s: %s (one such line per %ds)",
-                                 "" if job_id is None else f" (job {job_id})", error, WARN_EVERY)
-            if job_id is not None:
-                self.feedback.send_multipart(messages.BadPart(job_id, peer_address(frames[0]) is not None).frames())
+            message = messages.decode(frames)
+        except messages.MessageError as error:
+            self.on_bad_parts(messages.job_ids_in(frames), remote, error)
             return
+        if not isinstance(message, messages.Parts):
+            if self.may_warn("not a part"):
+                self.log.warning("dropped a %s message from a worker, which it may not send (one such line per "
+                                 "%ds)", type(message).__name__, WARN_EVERY)
+            return
+        done, completed = [], []
+        for part in message.parts:
+            try:
+                self.check_shape(part.array)
+                completed.append(self.assembler.add_part(part.seq, part.offset, part.array, part.tokens,
+                                                         part.num_tokens, part.truncated))
+                done.append(part.job_id)
+            except PartError as error:
+                self.on_bad_parts([part.job_id], remote, error)
         # DONE first: the ventilator then knows the worker is free before the client can send again
-        self.feedback.send_multipart(messages.Done(part.job_id).frames())
-        self.publish_result(completed)
+        if done:
+            self.feedback.send_multipart(messages.Done(tuple(done)).frames())
+        for request in completed:
+            self.publish_result(request)
+
+    def on_bad_parts(self, job_ids, remote, error):
+        if self.may_warn("bad part"):
+            self.log.warning("dropped a message from a worker%s: %s (one such line per %ds)",
+                             f" (jobs {', '.join(map(str, job_ids[:8]))})" if job_ids else "", error, WARN_EVERY)
+        for job_id in job_ids:
+            self.feedback.send_multipart(messages.BadPart(job_id, remote).frames())
 
     def check_shape(self, array):
         """PartError unless `array` holds rows of one of this server's models: [rows, dim], [rows,
@@ -175,7 +189,8 @@ class Sink:
 
     def handle(self, message):
         if isinstance(message, messages.Register):
-            self.publish_result(self.assembler.register(message.seq, message.registration))
+            for seq, registration in message.registrations.items():
+                self.publish_result(self.assembler.register(seq, registration))
         elif isinstance(message, messages.Publish):
             self.deliver(message.identity, message.reply, ERROR_RESERVE)
         elif isinstance(message, messages.Forget):

@@ -7,6 +7,7 @@ import zmq
 from encoder_client.keys import apply_curve
 
 POLL_MS = 100
+BURST = 64  # messages a loop takes from one socket per turn: a busy loop polls once per burst, not per message
 # messages queued per socket peer; the dispatcher keeps far fewer jobs per worker than this
 INTERNAL_HWM = 10000
 
@@ -72,6 +73,18 @@ class Addresses:
                      if len(endpoint[len("ipc://"):].encode()) > limit), None)
 
 
+def waiting(sock, copy=True, limit=BURST):
+    """The messages waiting on `sock` (one that poll said is readable), at most `limit`, without
+    blocking."""
+    for _ in range(limit):
+        if not sock.getsockopt(_EVENTS) & _POLLIN:
+            return
+        yield sock.recv_multipart(copy=copy)
+
+
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: pyzmq's enums cost microseconds per operation
+
+
 def peer_address(frame):
     """The address a received frame's sender connected from (None for ipc, or when unknown)."""
     try:
@@ -80,8 +93,11 @@ def peer_address(frame):
         return None
 
 
-def user_id(frame):
-    """The CURVE client key (its ZAP user id) a received frame came with; None without CURVE."""
+def user_id(frame, curve=True):
+    """The CURVE client key (its ZAP user id) a received frame came with; None without CURVE (the
+    caller may say there is none: asking costs an exception)."""
+    if not curve:
+        return None
     try:
         return frame.get("User-Id") or None
     except zmq.ZMQError:

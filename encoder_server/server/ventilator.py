@@ -1,7 +1,7 @@
 """The ventilator: takes client requests, registers them with the sink, deals jobs to workers.
 
 Sockets: `frontend` (PULL, clients), `backend` (ROUTER, workers), `to_sink` (PUSH),
-`from_sink` (PULL: one DONE per finished job, GONE for requests nobody listens for, UNREAD for
+`from_sink` (PULL: DONE for finished jobs, GONE for requests nobody listens for, UNREAD for
 clients that do not read their results, BADPART for a worker's part the sink could not use),
 plus a pipe from the supervisor that reports worker exits. Its logic lives in pure modules:
 intake.py checks requests, scheduling.py queues and deals jobs, liveness.py says which workers
@@ -36,7 +36,7 @@ from .liveness import HEARTBEAT_INTERVAL, Liveness
 from .metrics import Metrics
 from .ownership import Owners
 from .scheduling import Dispatcher
-from .sockets import POLL_MS, make_socket, peer_address, user_id
+from .sockets import POLL_MS, make_socket, peer_address, user_id, waiting
 from .windowing import Windowing
 
 
@@ -56,6 +56,7 @@ class Ventilator:
         self.metrics = Metrics()
         self.draining = False
         self.unsent = deque()  # messages for the sink that it could not take yet
+        self.registering = {}  # seq -> Registration of the requests admitted in this turn of the loop
         self.owners = Owners()  # under CURVE, the client key each identity belongs to
         self.windowing = Windowing(self.models)
         self.calibration = {}   # model index -> the int8 ranges its first worker sent
@@ -90,16 +91,19 @@ class Ventilator:
             poller.register(self.frontend, 0 if len(self.unsent) >= UNSENT_LIMIT else zmq.POLLIN)
             events = dict(poller.poll(POLL_MS))
             if self.from_sink in events:  # first: a request is scheduled knowing which workers are free
-                self.on_feedback(self.from_sink.recv_multipart())
+                for frames in waiting(self.from_sink):
+                    self.on_feedback(frames)
             if self.frontend in events:
-                self.on_client(self.frontend.recv_multipart(copy=False))
+                for frames in waiting(self.frontend, copy=False):
+                    self.on_client(frames)
             if self.backend in events:
-                self.on_worker(self.backend.recv_multipart())
+                for frames in waiting(self.backend):
+                    self.on_worker(frames)
             if self.windowing.fileno() in events:
                 self.on_windows()
             if self.supervisor is not None and self.supervisor.fileno() in events:
                 self.on_supervisor(poller, stop)
-            self.flush_to_sink()
+            self.send_to_sink()
             self.keep_workers()
             for seq in self.dispatcher.expired(time.monotonic()):
                 self.end_request(seq, "expired")
@@ -121,7 +125,7 @@ class Ventilator:
         raw = [frame.bytes for frame in frames]
         with self.replying_to(peer, raw=raw):
             request = decode_request(raw)
-            if not self.owners.claim(request.identity, user_id(frames[0])):
+            if not self.owners.claim(request.identity, user_id(frames[0], self.authenticator is not None)):
                 raise ProtocolError(f"identity {request.identity[:64]!r} belongs to another client key; dropped")
             self.on_request(request, peer)
 
@@ -211,12 +215,9 @@ class Ventilator:
                                              request.streamed, self.models[model].embedding_dim,
                                              None if output.plain else asdict(output),
                                              self.models[model].kind == "sparse")
-        try:
-            if self.unsent:
-                raise zmq.Again()  # the sink is not taking messages now
-            self.to_sink.send_multipart(messages.Register(seq, registration).frames(), flags=zmq.NOBLOCK)
-        except zmq.Again:
+        if self.unsent:  # the sink is not taking messages now
             return self.refuse_busy(request, "server busy: the result queue is full; retry later")
+        self.registering[seq] = registration
         self.next_seq += 1
         self.dispatcher.submit(seq, request.identity, rows, arrived or time.monotonic(), request.timeout_s,
                                req_id=request.req_id, is_tokenized=request.is_tokenized,
@@ -354,7 +355,8 @@ class Ventilator:
         if isinstance(message, messages.Gone):
             self.end_request(message.number, "abandoned")
         elif isinstance(message, messages.Done):
-            self.finish_job(message.number)
+            for job_id in message.job_ids:
+                self.finish_job(job_id)
         elif isinstance(message, messages.Unread):
             self.abandon_unread(message)
         elif isinstance(message, messages.BadPart):
@@ -386,9 +388,13 @@ class Ventilator:
             self.metrics.observe("request_seconds", time.monotonic() - request.admitted)
 
     def dispatch(self):
+        """Send each worker the jobs dealt to it, in one message."""
+        dealt = {}
         for worker, job in self.dispatcher.assignments(time.monotonic()):
+            dealt.setdefault(worker, []).append(job)
+        for worker, jobs in dealt.items():
             try:
-                self.backend.send_multipart([worker, *job.frames()], flags=zmq.NOBLOCK)
+                self.backend.send_multipart([worker, *messages.Jobs(tuple(jobs)).frames()], flags=zmq.NOBLOCK)
             except zmq.ZMQError:  # gone (EHOSTUNREACH) or full: either way, not a worker to count on
                 self.lose(self.liveness.unreachable(worker))
 
@@ -399,14 +405,16 @@ class Ventilator:
             self.draining = True
             self.log.info("draining: %d requests in flight", self.dispatcher.in_flight_requests)
 
-    def send_to_sink(self, frames):
-        """Send now, or keep it, in order, while the sink is not taking any: a restarting sink, or
-        one that fell behind, must not cost a client its only reply. Past UNSENT_LIMIT kept
-        messages, the loop stops reading requests until the sink catches up."""
-        self.unsent.append(frames)
-        self.flush_to_sink()
-
-    def flush_to_sink(self):
+    def send_to_sink(self, frames=None):
+        """Send `frames` (None: nothing more) after the registrations of the requests admitted since
+        the last message, or keep them, in order, while the sink is not taking any: a restarting
+        sink, or one that fell behind, must not cost a client its only reply. Past UNSENT_LIMIT
+        kept messages, the loop stops reading requests until the sink catches up."""
+        if self.registering:
+            self.unsent.append(messages.Register(self.registering).frames())
+            self.registering = {}
+        if frames is not None:
+            self.unsent.append(frames)
         try:
             while self.unsent:
                 self.to_sink.send_multipart(self.unsent[0], flags=zmq.NOBLOCK)

@@ -8,7 +8,7 @@ truncation. A small request's job (at most priority_batch_size texts, well under
 to tokenize) that finds nothing queued for prefetch is taken by intake itself: one thread
 hand-off fewer on the path whose latency users feel. Intake never computes.
 Each lane is a thread with its own `results` PUSH to the sink that runs one forward pass at a time,
-small requests' rows first; the lanes share the process's Embedder, and so one copy of the weights
+small requests' rows first, and sends the parts of the jobs it finished in one message; the lanes share the process's Embedder, and so one copy of the weights
 (ONNX Runtime's `run` is thread-safe and releases the GIL). One more lane, the express lane, runs
 small requests only, and only while every other lane is on a bulk pass, so that they never wait for
 bulk passes to finish and yet do not oversubscribe the cores otherwise. A pass that starts while
@@ -40,7 +40,7 @@ from . import fault_injection, messages
 from .batching import BULK, PRIORITY, BatchPlanner, Tokenized
 from .liveness import HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS
 from .metrics import Metrics
-from .sockets import POLL_MS, make_socket
+from .sockets import POLL_MS, make_socket, waiting
 
 STALL_LIMIT = 120.0
 EXPRESS = "express"
@@ -79,9 +79,9 @@ class Worker:
         try:
             while not self.stop.is_set():
                 if jobs.poll(POLL_MS):
-                    frames = jobs.recv_multipart()
-                    heard = time.monotonic()
-                    self.on_message(frames, heard)
+                    for frames in waiting(jobs):
+                        heard = time.monotonic()
+                        self.on_message(frames, heard)
                 self.send_outbox(jobs)
                 if time.monotonic() >= next_beat and not self.stalled():
                     jobs.send_multipart(messages.Heartbeat(self.metrics.take()).frames())
@@ -108,11 +108,12 @@ class Worker:
 
     def on_message(self, frames, arrived):
         message = messages.decode_or_log(frames, self.log, "the ventilator")
-        if isinstance(message, messages.Job):
-            if message.priority and self.received.empty():
-                self.take(message, arrived)  # a small request's job: no hand-off to prefetch
-            else:
-                self.received.put((message, arrived))
+        if isinstance(message, messages.Jobs):
+            for job in message.jobs:
+                if job.priority and self.received.empty():
+                    self.take(job, arrived)  # a small request's job: no hand-off to prefetch
+                else:
+                    self.received.put((job, arrived))
         elif isinstance(message, messages.Who):
             self.log.info("the ventilator does not know this worker (it restarted); saying READY again")
             self.outbox.put(self.ready())
@@ -175,16 +176,19 @@ class Worker:
             while not self.stop.is_set():
                 batch, kind, alone = self._next_pass(lane == EXPRESS)
                 if batch is not None:
-                    for done in batch.scatter(self.run_pass(lane, batch, kind, alone)):
-                        rows = self.finish(done)
-                        part = messages.Part(done.job.seq, done.job.job_id, done.job.offset, rows,
-                                             self.tokens(done, rows), done.encoding.num_tokens,
-                                             len(done.encoding.truncated))
-                        results.send_multipart(part.frames(), copy=False)
+                    finished = batch.scatter(self.run_pass(lane, batch, kind, alone))
+                    if finished:
+                        results.send_multipart(messages.Parts(tuple(map(self.part, finished))).frames(), copy=False)
         except Exception:
             self.fail(f"{lane} lane")
         finally:
             results.close(linger=1000)
+
+    def part(self, done):
+        """A finished job's Part."""
+        rows = self.finish(done)
+        return messages.Part(done.job.seq, done.job.job_id, done.job.offset, rows, self.tokens(done, rows),
+                             done.encoding.num_tokens, len(done.encoding.truncated))
 
     def finish(self, done):
         """A finished job's rows as served: normalized as it asks, a reranker's scores, or a sparse

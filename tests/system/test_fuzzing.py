@@ -113,13 +113,16 @@ def hostile_requests(draw):
 
 @st.composite
 def worker_port_messages(draw):
-    kind = draw(st.sampled_from([b"READY", b"HEARTBEAT", b"DROPPED", b"REFUSED", b"PART", b"JOB", b"WHO",
+    kind = draw(st.sampled_from([b"READY", b"HEARTBEAT", b"DROPPED", b"REFUSED", b"PARTS", b"JOBS", b"WHO",
                                  b"PUBLISH", b"REGISTER", b"FORGET", b"RESET", b"DONE"]))
     header = draw(st.one_of(st.binary(max_size=64),
                             st.dictionaries(st.sampled_from(["seq", "job_id", "offset", "shape", "pid", "host",
                                                              "error", "code", "histograms", "tokens", "passes",
-                                                             "truncated", "num_tokens", "remote"]),
-                                            WRONG, max_size=6).map(lambda value: json.dumps(value).encode())))
+                                                             "truncated", "num_tokens", "remote", "bytes"]),
+                                            WRONG, max_size=6).map(lambda value: json.dumps(value).encode()),
+                            st.lists(st.dictionaries(st.sampled_from(["seq", "job_id", "offset", "shape", "bytes",
+                                                                      "texts", "rows", "req_id"]), WRONG, max_size=5),
+                                     max_size=3).map(lambda value: json.dumps(value).encode())))
     return [kind, header, *draw(st.lists(st.binary(max_size=64), max_size=2))]
 
 

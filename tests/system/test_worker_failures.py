@@ -70,7 +70,7 @@ def test_malformed_internal_messages_on_an_open_worker_port_are_dropped(tiny_mod
             for number, frames in enumerate((
                     [b"HEARTBEAT", b'{"histograms": [], "tokens": {}, "passes": 1}'], [b"HEARTBEAT", b"[1]"],
                     [b"HEARTBEAT", b'{"histograms": 5, "tokens": {}, "passes": 1, "truncated": 0}'],
-                    [b"DROPPED"], [b"DROPPED", b"not a number"], [b"READY", b"{"], [b"JOB"], [b"WHAT"],
+                    [b"DROPPED"], [b"DROPPED", b"not a number"], [b"READY", b"{"], [b"JOBS"], [b"WHAT"],
                     [b"\xff" * 300])):
                 # a peer of its own for each: one that misbehaved is ignored for a while after
                 peer = context.socket(zmq.DEALER)
@@ -78,10 +78,10 @@ def test_malformed_internal_messages_on_an_open_worker_port_are_dropped(tiny_mod
                 peer.connect(f"tcp://127.0.0.1:{jobs_port}")
                 peer.send_multipart([b"READY", json.dumps({"pid": 1, "host": "peer", "remote": True}).encode()])
                 peer.send_multipart(frames)
-            for frames in ([b"PART", b"{}", b"\x00" * 8], [b"PART", b'{"seq": 1, "shape": [9]}', b""],
-                           [b"PART", b"not json", b"\x00" * 8],
-                           [b"PART", b'{"seq": 1, "job_id": 1, "offset": 0, "shape": [2, 1], "dtype": "object"}',
-                            b"\x00" * 8],
+            for frames in ([b"PARTS", b"[{}]", b"\x00" * 8], [b"PARTS", b'[{"seq": 1, "shape": [9]}]', b""],
+                           [b"PARTS", b"not json", b"\x00" * 8],
+                           [b"PARTS", b'[{"seq": 1, "job_id": 1, "offset": 0, "shape": [2, 1], "dtype": "object", '
+                                      b'"bytes": 8}]', b"\x00" * 8],
                            [b"PUBLISH", b"victim\0", b'{"error": "forged"}', b"", b"1"], [b"FORGET", b"1", b"x", b""],
                            [b"DONE"], [b"REGISTER", b"x", b"[]"], [b"PUBLISH"], [b"\x00"]):
                 results.send_multipart(frames)
@@ -94,14 +94,14 @@ def test_malformed_internal_messages_on_an_open_worker_port_are_dropped(tiny_mod
             status = client.server_status
         assert status["worker_restarts"] == 0 and server.process.poll() is None
     log = server.log
-    for words in ("malformed HEARTBEAT", "malformed DROPPED", "malformed PART", "sent a malformed message",
+    for words in ("malformed HEARTBEAT", "malformed DROPPED", "malformed PARTS", "sent a malformed message",
                   "dropped a Publish message from a worker, which it may not send"):
         assert words in log, words
 
 
 class JunkWorker:
     """A peer on an open --worker-port that says READY, keeps beating, and answers every job with
-    a PART the sink cannot decode (its body does not fill its shape)."""
+    a part the sink cannot decode (its body does not fill its shape)."""
 
     def __init__(self, jobs_port):
         self.context = zmq.Context()
@@ -126,12 +126,12 @@ class JunkWorker:
             frames = self.jobs.recv_multipart()
             if frames[0] == b"WHO":
                 self.jobs.send_multipart([b"READY", json.dumps({"pid": 1, "host": "junk", "remote": True}).encode()])
-            elif frames[0] == b"JOB":
-                job = json.loads(frames[1])
-                self.received += 1
-                header = {"seq": job["seq"], "job_id": job["job_id"], "offset": job["offset"],
-                          "shape": [len(job["texts"]), 32]}
-                self.parts.send_multipart([b"PART", json.dumps(header).encode(), b"\0" * 8])
+            elif frames[0] == b"JOBS":
+                for job in json.loads(frames[1]):
+                    self.received += 1
+                    header = {"seq": job["seq"], "job_id": job["job_id"], "offset": job["offset"],
+                              "shape": [len(job["texts"]), 32], "bytes": 8}
+                    self.parts.send_multipart([b"PARTS", json.dumps([header]).encode(), b"\0" * 8])
 
     def __enter__(self):
         self.thread.start()
