@@ -182,12 +182,15 @@ class InProcess:
         pass
 
 
-def sentence_transformers(model, threads):
+def sentence_transformers(model, threads, device="cpu", batch_size=32, fp16=False):
     import torch
     from sentence_transformers import SentenceTransformer
     torch.set_num_threads(threads)
-    encoder = SentenceTransformer(str(model), device="cpu")
-    return InProcess("sentence-transformers", lambda texts: encoder.encode(texts, batch_size=32))
+    encoder = SentenceTransformer(str(model), device=device)
+    if fp16:
+        encoder.half()
+    name = "sentence-transformers" if device == "cpu" else f"sentence-transformers ({device}{', fp16' if fp16 else ''})"
+    return InProcess(name, lambda texts: encoder.encode(texts, batch_size=batch_size))
 
 
 def our_backend(settings):

@@ -123,9 +123,44 @@ def _markdown(results, plots, base):
     lines += _graphs_table(results.get("graphs"))
     lines += _accuracy_table(results.get("accuracy"))
     lines += _peers_table(results.get("peers"), results.get("ceiling"))
-    lines += ["## GPU", "", "This suite runs on the CPU. The CUDA paths (`--device cuda`, `--fp16`) have run once, on "
-              "an H200: correct, but slower than they should be (figures in the shared MEASURED.md).", ""]
+    lines += _pipeline_table(results.get("pipeline"))
+    lines += _gpu_table(results.get("gpu"))
     return "\n".join(lines)
+
+
+def _pipeline_table(rows):
+    """The zero backend's cells: what the server itself carries, and what each stage costs."""
+    if not rows:
+        return []
+    stages = ("ventilator", "sink", "workers", "clients")
+    lines = ["## The server's own ceiling", "",
+             "The service on the zero backend (`benchmark/pipeline.py`; `ENCODER_SERVER_ZERO_BACKEND=1`), which "
+             "tokenizes and plans passes as usual but runs no model, with its defaults; the clients run on the same "
+             "cores. Each stage's CPU time per request is what it spent over the window divided by the requests "
+             "served: one ventilator and one sink can serve at most 1e6 / (their µs) requests a second however many "
+             "workers a host has.", "",
+             "| cell | texts/s | requests/s | p50 ms | p99 ms | " + " | ".join(f"{stage} µs/request" for stage in stages)
+             + " |", "|---" * (5 + len(stages)) + "|"]
+    for row in rows:
+        cpu = row.get("cpu_us_per_request", {})
+        lines.append(f"| {row['cell']} | {row['texts_per_s']:,.0f} | {row['requests_per_s']:,.0f} | {row['p50_ms']} | "
+                     f"{row['p99_ms']} | " + " | ".join(f"{cpu.get(stage, float('nan')):,.0f}" for stage in stages)
+                     + " |")
+    return lines + [""]
+
+
+def _gpu_table(gpu):
+    lines = ["## GPU", ""]
+    if not gpu or "skipped" in gpu:
+        why = gpu["skipped"] if gpu else "not run"
+        return lines + [f"Not measured in these results ({why}): `python -m benchmark.run --only gpu` on a host with "
+                        "a CUDA device adds this table. The CUDA paths have run on an H200: correct, but slower than "
+                        "they should be (issue 31; figures in the shared MEASURED.md).", ""]
+    lines += [f"{gpu['device']}, torch {gpu['torch']}: the service against sentence-transformers in-process on the "
+              "same device (batch 256).", "", "| engine | cell | texts/s | p50 ms | p95 ms |", "|---|---|---|---|---|"]
+    lines += [f"| {row['engine']} | {row['cell']} | {row['sentences_per_s']:,.0f} | {row['p50_ms']} | {row['p95_ms']} |"
+              for row in gpu["rows"]]
+    return lines + [""]
 
 
 def _relative(base, name):

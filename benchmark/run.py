@@ -29,7 +29,7 @@ from benchmark import corpus, engines, load, peers, report  # noqa: E402
 
 
 SCENARIOS = ("client_batches", "latency", "memory", "concurrency", "tiny_clients", "fairness", "variants", "graphs",
-             "accuracy", "ceiling", "peers")
+             "accuracy", "ceiling", "peers", "pipeline", "gpu")
 
 
 @dataclass
@@ -296,6 +296,47 @@ class Suite:
         return {"rows": rows, "summary": peers.summarize(rows, baseline=report.SERVICE),
                 "mean_tokens": {kind: round(value, 1) for kind, value in tokens.items()}}
 
+    def pipeline(self):
+        """The server's own ceiling: the zero backend, which runs no model (benchmark/pipeline.py)."""
+        from benchmark import pipeline
+        return pipeline.measure(self.model, seconds=self.plan.window_s, repeats=self.plan.repeats,
+                                log_dir=self.log_dir)
+
+    def gpu(self):
+        """On a CUDA device: the service (its defaults on cuda, more workers, fp16) against
+        sentence-transformers in-process on the same device, short and medium texts from one client
+        and short ones from 32, and one-text latency. Skipped, saying why, where torch sees no GPU."""
+        import torch
+        if not torch.cuda.is_available():
+            return {"skipped": "torch sees no CUDA device"}
+        kinds = [kind for kind in ("short", "medium") if kind in self.plan.kinds]
+        count = 20_000 if self.plan.sentence_transformers else 256
+        rows = []
+        servers = [("service (cuda, defaults)", ()), ("service (cuda, 4 workers)", ("--num-worker", "4")),
+                   ("service (cuda, fp16)", ("--fp16",))]
+        makers = [lambda: engines.sentence_transformers(self.model, _cores(), "cuda", batch_size=256),
+                  lambda: engines.sentence_transformers(self.model, _cores(), "cuda", batch_size=256, fp16=True),
+                  *(lambda name=name, flags=flags: self.service(name, "--device", "cuda", *flags)
+                    for name, flags in servers)]
+        for make in makers:
+            with make() as engine:
+                for kind in kinds:
+                    texts = corpus.texts(kind, count // (1 if kind == "short" else 5))
+                    runs = [load.sequential(engine, texts, 256, self.tokens[kind]) for _ in range(self.plan.repeats)]
+                    rows.append({"engine": engine.name, "cell": f"{kind}, 1 client x {len(texts)}",
+                                 **load.median_of(runs)})
+                    _progress(rows[-1])
+                if isinstance(engine, engines.Service):
+                    short = corpus.texts("short", 2048)
+                    runs = [load.closed_loop(engine, short, 32, 32, self.plan.window_s, self.tokens["short"])
+                            for _ in range(self.plan.repeats)]
+                    rows.append({"engine": engine.name, "cell": "short, 32 clients x 32", **load.median_of(runs)})
+                    runs = [load.sequential(engine, short[:self.plan.single_requests * 4], 1, self.tokens["short"])
+                            for _ in range(self.plan.repeats)]
+                    rows.append({"engine": engine.name, "cell": "short, batch 1", **load.median_of(runs)})
+                    _progress(rows[-1])
+        return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}
+
     def ceiling(self):
         """This CPU's fp32 and int8 matrix-product throughput on the model's shapes (benchmark/ceiling.py)."""
         from transformers import AutoConfig
@@ -383,7 +424,7 @@ def main(argv=None):
     suite = Suite(plan, Path(args.model) if args.model else default_model_path(), args.infinity, out,
                   args.peer_python, args.peer_engines)
     chosen = args.only or ["client_batches", "latency", "memory", "concurrency", "tiny_clients", "fairness",
-                           "graphs", "ceiling", "peers"] + (
+                           "graphs", "ceiling", "peers", "pipeline", "gpu"] + (
         ["variants", "accuracy"] if plan.variants else [])
     results = {"machine": _machine(), "smoke": args.smoke,
                "model": suite.model.name if args.model else "all-MiniLM-L6-v2 (bundled)",

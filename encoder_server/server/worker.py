@@ -265,11 +265,14 @@ def run_worker(settings, endpoints, index, remote=False, alone_on_host=False, st
     threads = [threading.Thread(target=worker.intake, name="intake", daemon=True),
                threading.Thread(target=worker.prefetch, name="prefetch", daemon=True),
                *(threading.Thread(target=worker.compute, args=(lane,), name=lane, daemon=True) for lane in lanes)]
-    for thread in threads:
-        thread.start()
+    if settings.backend == "zero":
+        log.warning("the zero backend runs no model: every row served is zero (it measures the server alone)")
+    # said before intake says READY, so that the log has it once the ventilator counts this worker
     log.info("serving on %s with %s: %d lane(s) and the express lane, %d thread(s) per lane%s; model %s",
              settings.device, settings.backend, settings.lanes, settings.threads_per_worker,
              f", {lone_threads} for a pass alone" if worker.model.lone_backend else "", settings.name)
+    for thread in threads:
+        thread.start()
     try:
         worker.compute("lane-0")
     finally:

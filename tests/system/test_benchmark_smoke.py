@@ -38,3 +38,8 @@ def test_benchmark_smoke_run_writes_json_plots_and_table(tiny_model, tmp_path):
                                                           "sentence-transformers, torch (in-process)"}
     assert all(row["sentences_per_s"] > 0 for row in peers["rows"]) and len(peers["rows"]) == 2 * 6
     assert set(results["ceiling"]["fp32_gflops"]) and "## Against in-process peers" in table
+    pipeline = {row["cell"]: row for row in results["pipeline"]}
+    assert set(pipeline) == {"32 clients x 32 short texts", "32 clients x 1 short text"}
+    assert all(row["requests_per_s"] > 0 and row["cpu_us_per_request"]["ventilator"] > 0
+               and row["cpu_us_per_request"]["sink"] > 0 for row in pipeline.values())
+    assert "## The server's own ceiling" in table and "## GPU" in table
