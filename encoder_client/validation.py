@@ -11,21 +11,23 @@ def check_texts(texts, is_tokenized=False):
         raise TypeError(f"texts must be a list, got {type(texts).__name__}")
     if not texts:
         raise ValueError("texts must not be an empty list")
-    check_item = _check_words if is_tokenized else _check_text
-    for index, item in enumerate(texts):
-        check_item(index, item)
+    if is_tokenized:
+        for index, words in enumerate(texts):
+            _check_words(index, words)
+        return
+    # every text of every request passes here: the usual one is decided by its first character
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{index}] must be a str, got {type(text).__name__}")
+        if not text.isascii():
+            check_unicode(text, f"texts[{index}]")
+        if not "!" <= text.lstrip()[:1] <= "~":  # not an ASCII letter, digit or sign: look closer
+            check_not_blank(text, f"texts[{index}]")
 
 
 def looks_tokenized(texts):
     """True when every item is a list, i.e. the bert-as-service `is_tokenized` form."""
     return isinstance(texts, list) and bool(texts) and all(isinstance(t, list) for t in texts)
-
-
-def _check_text(index, text):
-    if not isinstance(text, str):
-        raise TypeError(f"texts[{index}] must be a str, got {type(text).__name__}")
-    check_unicode(text, f"texts[{index}]")
-    check_not_blank(text, f"texts[{index}]")
 
 
 def check_unicode(text, where):

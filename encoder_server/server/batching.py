@@ -90,14 +90,15 @@ class BatchPlanner:
         self.max_batch_size = max_batch_size
         self.pad_id = pad_id
         self._priority_rows = []    # rows of every buffered priority job, sorted by length
-        self._bulk = deque()        # [job, its rows not yet taken, sorted by length], oldest first
+        self._bulk = deque()        # [job, its rows not yet taken, sorted by length, their lengths], oldest first
 
     def add(self, job):
         rows = [(job, row) for row in range(len(job.ids))]
         if job.priority:
             self._priority_rows = _by_length(self._priority_rows + rows)
         else:
-            self._bulk.append([job, _by_length(rows)])
+            rows = _by_length(rows)
+            self._bulk.append([job, rows, [_length(row) for row in rows]])
 
     def has(self, lane):
         return bool(self._priority_rows) if lane == PRIORITY else bool(self._bulk)
@@ -129,17 +130,16 @@ class BatchPlanner:
         return self._pad(taken)
 
     def _next_bulk_rows(self):
-        longest = _length(self._bulk[0][1][-1])
+        longest = self._bulk[0][2][-1]
         floor = longest - max(longest // 4, MIN_PADDING)
         room = max(1, min(self.max_batch_size, self.max_batch_tokens // longest))
         taken = []
         for entry in self._bulk:
-            rows = entry[1]
-            lengths = [_length(row) for row in rows]
+            rows, lengths = entry[1], entry[2]
             top, bottom = bisect_right(lengths, longest), bisect_left(lengths, floor)
             start = max(bottom, top - room)
             taken += rows[start:top]
-            entry[1] = rows[:start] + rows[top:]
+            entry[1], entry[2] = rows[:start] + rows[top:], lengths[:start] + lengths[top:]
             room -= top - start
             if room <= 0:
                 break
