@@ -139,8 +139,8 @@ def _pipeline_table(rows):
              "cores. Each stage's CPU time per request is what it spent over the window divided by the requests "
              "served: one ventilator and one sink can serve at most 1e6 / (their µs) requests a second however many "
              "workers a host has.", "",
-             "| cell | texts/s | requests/s | p50 ms | p99 ms | " + " | ".join(f"{stage} µs/request" for stage in stages)
-             + " |", "|---" * (5 + len(stages)) + "|"]
+             "| cell | texts/s | requests/s | p50 ms | p99 ms | "
+             + " | ".join(f"{stage} µs/request" for stage in stages) + " |", "|---" * (5 + len(stages)) + "|"]
     for row in rows:
         cpu = row.get("cpu_us_per_request", {})
         lines.append(f"| {row['cell']} | {row['texts_per_s']:,.0f} | {row['requests_per_s']:,.0f} | {row['p50_ms']} | "

@@ -38,6 +38,9 @@ from encoder_client.status import check_metrics
 from .metrics import check_delta
 
 _KINDS = {}
+# the version of these messages: a worker that says READY with another (one of an older release on
+# another host) is refused, with a line in the log, instead of being dealt jobs it cannot read
+INTERNAL_PROTOCOL = 2
 RESTART_ERROR = "a process of the server died and was restarted while this request was in flight; send it again"
 
 
@@ -136,6 +139,7 @@ class Ready:
     lanes: int = 1           # forward passes it runs at once
     model: str = None        # the name of the model it serves (None: the default model)
     calibration: dict = None # int8 ranges of its model on the built-in sample (worker.calibrate)
+    protocol: int = None     # the INTERNAL_PROTOCOL it speaks
 
     def frames(self):
         return [self.KIND, _json(vars(self))]
@@ -471,7 +475,9 @@ def _check_of(kind, may_be_none):
     else:
         def check(value):
             return isinstance(value, kind)
-    return (lambda value: value is None or check(value)) if may_be_none else (lambda value: value is not None and check(value))
+    if may_be_none:
+        return lambda value: value is None or check(value)
+    return lambda value: value is not None and check(value)
 
 
 def _is_count(value):

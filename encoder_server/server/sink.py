@@ -3,9 +3,9 @@
 Sockets: `collect` (PULL: parts from workers, local or remote), `control` (PULL, ipc only:
 registrations and replies from the ventilator, which no peer on the worker port can forge),
 `publish` (XPUB in manual mode, clients: it tells us who subscribes, and we apply whole topics
-only, see subscriptions.py), `feedback` (PUSH to the ventilator: DONE for the jobs of each message of parts, GONE
-for a request nobody has listened for in ABANDON_AFTER seconds, UNREAD for a client whose replies
-were dropped, BADPART for a part that could not be used).
+only, see subscriptions.py), `feedback` (PUSH to the ventilator: DONE for the jobs of each
+message of parts, GONE for a request nobody has listened for in ABANDON_AFTER seconds, UNREAD
+for a client whose replies were dropped, BADPART for a part that could not be used).
 
 Publishing never blocks: a reply whose reader's queue is full waits in the backlog (XPUB_NODROP)
 and is offered again; what the sink keeps for each client is capped in bytes (backlog.py), and a

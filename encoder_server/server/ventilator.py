@@ -269,6 +269,12 @@ class Ventilator:
             pass  # gone already (EHOSTUNREACH), or it has connected anew: it says READY by itself
 
     def on_ready(self, worker, message, now):
+        if message.protocol != messages.INTERNAL_PROTOCOL:
+            self.log.warning("%s speaks version %s of the workers' protocol, this server %d: run the same release of "
+                             "encoder-server on both hosts", worker.decode(errors="replace"), message.protocol,
+                             messages.INTERNAL_PROTOCOL)
+            self.lose(self.liveness.misbehaved(worker, now, "speaks another version of the workers' protocol"))
+            return
         model = 0 if message.model is None else model_index(self.models, message.model)
         if model is None:
             self.log.warning("%s serves model %r, which this server does not", worker.decode(errors="replace"),

@@ -8,8 +8,9 @@ truncation. A small request's job (at most priority_batch_size texts, well under
 to tokenize) that finds nothing queued for prefetch is taken by intake itself: one thread
 hand-off fewer on the path whose latency users feel. Intake never computes.
 Each lane is a thread with its own `results` PUSH to the sink that runs one forward pass at a time,
-small requests' rows first, and sends the parts of the jobs it finished in one message; the lanes share the process's Embedder, and so one copy of the weights
-(ONNX Runtime's `run` is thread-safe and releases the GIL). One more lane, the express lane, runs
+small requests' rows first, and sends the parts of the jobs that pass finished in one message; the
+lanes share the process's Embedder, and so one copy of the weights (ONNX Runtime's `run` is
+thread-safe and releases the GIL). One more lane, the express lane, runs
 small requests only, and only while every other lane is on a bulk pass, so that they never wait for
 bulk passes to finish and yet do not oversubscribe the cores otherwise. A pass that starts while
 no other runs and nothing else waits is alone: when this process has every core of the host, it
@@ -104,7 +105,7 @@ class Worker:
 
     def ready(self):
         return messages.Ready(os.getpid(), socket.gethostname(), self.remote, self.lanes, self.model_name,
-                              self.calibration)
+                              self.calibration, messages.INTERNAL_PROTOCOL)
 
     def on_message(self, frames, arrived):
         message = messages.decode_or_log(frames, self.log, "the ventilator")

@@ -13,6 +13,8 @@ import zmq
 
 from conftest import FAST_HEARTBEATS, FAULTS, free_port, random_texts, running_server, wait_for
 
+from encoder_server.server.messages import INTERNAL_PROTOCOL
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -76,8 +78,13 @@ def test_malformed_internal_messages_on_an_open_worker_port_are_dropped(tiny_mod
                 peer = context.socket(zmq.DEALER)
                 peer.setsockopt(zmq.ROUTING_ID, b"peer/worker-%d:1" % number)
                 peer.connect(f"tcp://127.0.0.1:{jobs_port}")
-                peer.send_multipart([b"READY", json.dumps({"pid": 1, "host": "peer", "remote": True}).encode()])
+                peer.send_multipart([b"READY", json.dumps({"pid": 1, "host": "peer", "remote": True,
+                                                           "protocol": INTERNAL_PROTOCOL}).encode()])
                 peer.send_multipart(frames)
+            older = context.socket(zmq.DEALER)  # a worker of an older release: its READY names no protocol
+            older.setsockopt(zmq.ROUTING_ID, b"older/worker-0:1")
+            older.connect(f"tcp://127.0.0.1:{jobs_port}")
+            older.send_multipart([b"READY", json.dumps({"pid": 1, "host": "older", "remote": True}).encode()])
             for frames in ([b"PARTS", b"[{}]", b"\x00" * 8], [b"PARTS", b'[{"seq": 1, "shape": [9]}]', b""],
                            [b"PARTS", b"not json", b"\x00" * 8],
                            [b"PARTS", b'[{"seq": 1, "job_id": 1, "offset": 0, "shape": [2, 1], "dtype": "object", '
@@ -92,10 +99,11 @@ def test_malformed_internal_messages_on_an_open_worker_port_are_dropped(tiny_mod
         with server.client() as client:
             np.testing.assert_allclose(client.encode(texts), expected, rtol=1e-4, atol=1e-5)
             status = client.server_status
-        assert status["worker_restarts"] == 0 and server.process.poll() is None
+        assert status["worker_restarts"] == 0 and status["workers_alive"] == 1 and server.process.poll() is None
     log = server.log
     for words in ("malformed HEARTBEAT", "malformed DROPPED", "malformed PARTS", "sent a malformed message",
-                  "dropped a Publish message from a worker, which it may not send"):
+                  "dropped a Publish message from a worker, which it may not send",
+                  "older/worker-0:1 speaks version None of the workers' protocol, this server 2"):
         assert words in log, words
 
 
@@ -111,11 +119,13 @@ class JunkWorker:
         self.parts = self.context.socket(zmq.PUSH)
         self.parts.connect(f"tcp://127.0.0.1:{jobs_port + 1}")
         self.received = 0
+        self.ready = [b"READY", json.dumps({"pid": 1, "host": "junk", "remote": True,
+                                            "protocol": INTERNAL_PROTOCOL}).encode()]
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self):
-        self.jobs.send_multipart([b"READY", json.dumps({"pid": 1, "host": "junk", "remote": True}).encode()])
+        self.jobs.send_multipart(self.ready)
         next_beat = 0.0
         while not self.stop.is_set():
             if time.monotonic() >= next_beat:
@@ -125,7 +135,7 @@ class JunkWorker:
                 continue
             frames = self.jobs.recv_multipart()
             if frames[0] == b"WHO":
-                self.jobs.send_multipart([b"READY", json.dumps({"pid": 1, "host": "junk", "remote": True}).encode()])
+                self.jobs.send_multipart(self.ready)
             elif frames[0] == b"JOBS":
                 for job in json.loads(frames[1]):
                     self.received += 1
