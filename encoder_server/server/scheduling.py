@@ -15,7 +15,7 @@ rather than crashing workers forever.
 import heapq
 import itertools
 from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .messages import Job
 
@@ -299,7 +299,7 @@ class Dispatcher:
     def _stamped(self, job, now):
         request = self._requests[job.seq]
         budget = None if request.deadline is None else max(0.0, (request.deadline - now) * 1000)
-        return replace(job, budget_ms=budget, waited_ms=max(0.0, (now - request.admitted) * 1000))
+        return job.stamped(budget, max(0.0, (now - request.admitted) * 1000))
 
     def _next_source(self, model):
         priority, bulk = self._priority[model], self._bulk[model]
