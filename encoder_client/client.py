@@ -19,7 +19,7 @@ from .rerank import check_rerank, ranked
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
 from .sparse import SparseVectors
-from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket
+from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket, readable
 from .validation import check_texts
 
 
@@ -273,7 +273,7 @@ class EncoderClient:
     def _check_connection(self):
         """Read connection events: a break marks the requests in flight as lost."""
         for monitor in self._monitors:
-            while monitor.getsockopt(_EVENTS) & _POLLIN:
+            while readable(monitor):
                 if recv_monitor_message(monitor)["event"] & AUTH_FAILED:
                     raise PermissionError(f"the encoder-server at {self.address} refused this client's "
                                           "CURVE key (or the server key is wrong)")
@@ -358,9 +358,6 @@ class EncoderClient:
     def _format(self, array):
         """An array as output_fmt says (a sparse model's SparseVectors stay as they are)."""
         return array.tolist() if self.output_fmt == "list" and isinstance(array, np.ndarray) else array
-
-
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: pyzmq's enums cost microseconds per operation
 
 
 def _concatenate(values, output_fmt):

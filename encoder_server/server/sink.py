@@ -133,11 +133,10 @@ class Sink:
     def on_parts(self, frames):
         """A worker's parts. One that cannot be used is dropped, and its job reported when its id
         can be read, so the ventilator gives the job to another worker and stops trusting this one."""
-        remote = peer_address(frames[0]) is not None
         try:
             message = messages.decode(frames)
         except messages.MessageError as error:
-            self.on_bad_parts(messages.job_ids_in(frames), remote, error)
+            self.on_bad_parts(messages.job_ids_in(frames), frames[0], error)
             return
         if not isinstance(message, messages.Parts):
             if self.may_warn("not a part"):
@@ -152,14 +151,17 @@ class Sink:
                                                          part.num_tokens, part.truncated))
                 done.append(part.job_id)
             except PartError as error:
-                self.on_bad_parts([part.job_id], remote, error)
+                self.on_bad_parts([part.job_id], frames[0], error)
         # DONE first: the ventilator then knows the worker is free before the client can send again
         if done:
             self.feedback.send_multipart(messages.Done(tuple(done)).frames())
         for request in completed:
             self.publish_result(request)
 
-    def on_bad_parts(self, job_ids, remote, error):
+    def on_bad_parts(self, job_ids, first_frame, error):
+        """Report the jobs of parts that could not be used; `first_frame` tells whether they came over
+        the network (a part from the network that names a local worker's job is forged)."""
+        remote = peer_address(first_frame) is not None
         if self.may_warn("bad part"):
             self.log.warning("dropped a message from a worker%s: %s (one such line per %ds)",
                              f" (jobs {', '.join(map(str, job_ids[:8]))})" if job_ids else "", error, WARN_EVERY)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import zmq
 
 from encoder_client.keys import apply_curve
+from encoder_client.sockets import readable
 
 POLL_MS = 100
 BURST = 64  # messages a loop takes from one socket per turn: a busy loop polls once per burst, not per message
@@ -77,12 +78,9 @@ def waiting(sock, copy=True, limit=BURST):
     """The messages waiting on `sock` (one that poll said is readable), at most `limit`, without
     blocking."""
     for _ in range(limit):
-        if not sock.getsockopt(_EVENTS) & _POLLIN:
+        if not readable(sock):
             return
         yield sock.recv_multipart(copy=copy)
-
-
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: pyzmq's enums cost microseconds per operation
 
 
 def peer_address(frame):
