@@ -17,7 +17,6 @@ whatever the workers do, which is the ceiling that more workers cannot lift.
 import argparse
 import json
 import multiprocessing
-import statistics
 import sys
 import threading
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from benchmark import corpus, engines  # noqa: E402
+from benchmark import corpus, engines, load  # noqa: E402
 
 CELLS = (("32 clients x 32 short texts", 32, 32), ("32 clients x 1 short text", 32, 1))
 ZERO_BACKEND = {"ENCODER_SERVER_ZERO_BACKEND": "1"}
@@ -41,12 +40,9 @@ def measure(model=None, flags=(), cells=CELLS, seconds=5.0, repeats=3, loaders=2
         for name, clients, batch in cells:
             runs = [closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid)
                     for _ in range(repeats)]
-            rows.append({"cell": name, "clients": clients, "batch": batch,
-                         **{key: round(statistics.median(run[key] for run in runs), 1) for key in runs[0]
-                            if key != "cpu_us_per_request"},
-                         "cpu_us_per_request": {stage: round(statistics.median(run["cpu_us_per_request"][stage]
-                                                                               for run in runs))
-                                                for stage in runs[0]["cpu_us_per_request"]}})
+            stages = [run.pop("cpu_us_per_request") for run in runs]
+            rows.append({"cell": name, "clients": clients, "batch": batch, **load.median_of(runs),
+                         "cpu_us_per_request": load.median_of(stages)})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
