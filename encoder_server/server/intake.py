@@ -122,10 +122,11 @@ def model_index(served, name):
     return next((index for index, model in enumerate(served) if name in model.model_name), None)
 
 
-def model_choices(request, settings):
+def model_choices(request, settings, handling=None):
     """The Job fields (prompt, normalize, truncate; a reranker's query and raw_scores, a sparse model's
     top_k) for an EncodeRequest to a model with `settings`: the request's options, else the model's
-    defaults. ProtocolError for an unknown prompt name."""
+    defaults. `handling`: what its long texts become (long_texts), if the caller knows it already.
+    ProtocolError for an unknown prompt name."""
     options = request.options or {}
     if settings.kind == "rerank":
         if options.get("prompt") or options.get("prompt_name") or options.get("normalize"):
@@ -136,7 +137,7 @@ def model_choices(request, settings):
                                 f"{settings.truncate_at} tokens (max_seq_len) holds: shorten the query",
                                 request.identity, request.req_id, TOO_LARGE)
         return {"query": options["query"], "raw_scores": options.get("raw_scores", False),
-                "truncate": long_texts(request, settings) != "error"}
+                "truncate": (handling or long_texts(request, settings)) != "error"}
     prompt = options.get("prompt")
     if prompt is None and options.get("prompt_name") is not None:
         prompt = settings.prompts.get(options["prompt_name"])
@@ -150,7 +151,7 @@ def model_choices(request, settings):
     if prompt is None and not request.is_tokenized:
         prompt = settings.prompts.get(settings.default_prompt_name, "")
     choices = {"prompt": prompt or "", "normalize": options.get("normalize", settings.normalize),
-               "truncate": long_texts(request, settings) != "error"}
+               "truncate": (handling or long_texts(request, settings)) != "error"}
     top_k = _top_k(request, settings)
     return {**choices, "top_k": top_k} if settings.kind == "sparse" else choices
 

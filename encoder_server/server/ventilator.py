@@ -154,8 +154,9 @@ class Ventilator:
             encode = parse_encode(request, self.settings.show_tokens_to_client, self.settings.max_pending_texts)
             index, model = served_model(encode, self.models)
             check_result_size(encode, model)
-            choices, output = model_choices(encode, model), output_of(encode, model)
-            if long_texts(encode, model) != "chunk":
+            handling = long_texts(encode, model)
+            choices, output = model_choices(encode, model, handling), output_of(encode, model)
+            if handling != "chunk":
                 self.admit(encode, encode.texts, index, choices, output)
             elif self.windowing.surely_fit(index, encode.texts, choices["prompt"]):
                 self.admit(encode, encode.texts, index, choices, replace(output, windows=[1] * len(encode.texts)))
