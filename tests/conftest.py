@@ -19,6 +19,8 @@ from encoder_client import EncoderClient
 from encoder_server import ports
 from encoder_server.ports import free_port  # noqa: F401 (the tests use it)
 
+pytest_plugins = ["cpu_durations"]  # --cpu-durations=N
+
 WORDS = ("the a an of to and in is was for on that with as by it at from this be are or not have has "
          "cat dog bird fish tree house car road city river sun moon star sky rain snow wind fire water "
          "red blue green big small old new fast slow good bad happy sad run walk jump read write sing").split()
