@@ -8,7 +8,6 @@ from collections import deque
 
 import numpy as np
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
 from .keys import as_identity, curve_keys
@@ -272,6 +271,8 @@ class EncoderClient:
 
     def _check_connection(self):
         """Read connection events: a break marks the requests in flight as lost."""
+        from zmq.utils.monitor import recv_monitor_message  # here: it imports asyncio (0.2 CPU s, paid by
+        # each server process, which imports this package), and connection events are rare
         for monitor in self._monitors:
             while readable(monitor):
                 if recv_monitor_message(monitor)["event"] & AUTH_FAILED:

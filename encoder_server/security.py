@@ -10,7 +10,6 @@ import os
 
 import zmq
 import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
 
 
 def keygen(directory, name):
@@ -47,6 +46,7 @@ class _AllowedKeys:
 def start_authenticator(context, authorized_clients, own_public):
     """Check every CURVE client against the public keys in `authorized_clients` and our own
     (or accept any key, for encryption alone, when it is None)."""
+    from zmq.auth.thread import ThreadAuthenticator  # here: it imports asyncio, which only CURVE needs
     authenticator = ThreadAuthenticator(context)
     authenticator.start()
     authenticator.configure_curve_callback(domain="*", credentials_provider=_AllowedKeys(authorized_clients,
