@@ -32,6 +32,7 @@ def bulk(args):
     if missing:
         print(f"encoder-server bulk: shards {missing[:10]} were not written; run the command again", file=sys.stderr)
         return 1
+    shards.remove_leftovers(output)  # again: a killed run's actor may have outlived the first sweep
     print(f"{plan.rows} rows embedded in {output} ({plan.shards} shards, {len(todo)} written now)")
     return 0
 

@@ -77,7 +77,9 @@ def atomic_write(target, write):
 
 
 def remove_leftovers(output):
-    """Temporary files of writes that a killed run never finished."""
+    """Temporary files of writes that a killed run never finished. A run sweeps them when it starts
+    and once every shard is written: a killed run's Ray actors die a few seconds after their driver,
+    and one killed while writing leaves its file behind in the meantime."""
     for leftover in Path(output).glob(".*.tmp"):
         leftover.unlink(missing_ok=True)
 
