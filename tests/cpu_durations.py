@@ -2,10 +2,12 @@
 --durations. On a machine of few cores the suite is CPU-bound (its runners wait for cores, not for
 sleeps), so CPU seconds, not wall seconds, show what makes it long.
 
-A test's CPU is its runner's own plus that of the child processes reaped while it ran (a server it
-started and stopped, with that server's children). A session-scoped fixture's set-up shows on the
-first test that asks for it, and its server, reaped when the session ends, on the last test of its
-runner (with that server's whole life).
+A test's CPU is its runner's own plus that of the child processes reaped while it ran: a server it
+started and stopped, with that server's children, but also whatever else was reaped then. A
+session-scoped fixture's set-up shows on the first test that asks for it and its server (its whole
+life) on the last test of its runner; a process that an earlier test left for the subprocess module
+to reap shows on the test that next starts one. So a figure far above what a test does points at
+its neighbours; and processes that no runner reaps (containers under podman) are missed.
 """
 import resource
 
