@@ -18,7 +18,7 @@ from .rerank import check_rerank, ranked
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
 from .sparse import SparseVectors
-from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket, readable
+from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket, monitor_event, readable
 from .validation import check_texts
 
 
@@ -271,11 +271,9 @@ class EncoderClient:
 
     def _check_connection(self):
         """Read connection events: a break marks the requests in flight as lost."""
-        from zmq.utils.monitor import recv_monitor_message  # here: it imports asyncio (0.2 CPU s, paid by
-        # each server process, which imports this package), and connection events are rare
         for monitor in self._monitors:
             while readable(monitor):
-                if recv_monitor_message(monitor)["event"] & AUTH_FAILED:
+                if monitor_event(monitor) & AUTH_FAILED:
                     raise PermissionError(f"the encoder-server at {self.address} refused this client's "
                                           "CURVE key (or the server key is wrong)")
                 lost_at = time.monotonic() + LOST_GRACE_S

@@ -36,3 +36,10 @@ def break_monitors(sender, receiver):
     died, even one the server restarts), and on the receiver a refused CURVE key too."""
     return [receiver.get_monitor_socket(zmq.EVENT_DISCONNECTED | AUTH_FAILED),
             sender.get_monitor_socket(zmq.EVENT_DISCONNECTED)]
+
+
+def monitor_event(monitor):
+    """The event of the message waiting on a monitor socket (zmq.EVENT_*)."""
+    from zmq.utils.monitor import recv_monitor_message  # here, not at import: it imports asyncio (0.2 CPU s,
+    # which each server process would pay, as each imports this package), and events are rare
+    return recv_monitor_message(monitor)["event"]
