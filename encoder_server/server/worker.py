@@ -41,7 +41,7 @@ from . import fault_injection, messages
 from .batching import BULK, PRIORITY, BatchPlanner, Tokenized
 from .liveness import HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS
 from .metrics import Metrics
-from .sockets import POLL_MS, make_socket, waiting
+from .sockets import POLL_MS, make_socket, send_frames, waiting
 
 STALL_LIMIT = 120.0
 EXPRESS = "express"
@@ -64,7 +64,10 @@ class Worker:
         self.batch_wait_s = settings.batch_wait_ms / 1000
         self.received = queue.SimpleQueue()  # (job, monotonic arrival), from intake to prefetch
         self.outbox = queue.SimpleQueue()    # Dropped, Refused and Ready messages, for intake to send
-        self.buffered = threading.Condition()
+        # one lock over the planner and `running`, two conditions on it, so that a job wakes the lane
+        # that will take it: the express lane only while every other lane runs bulk work
+        lock = threading.Lock()
+        self.buffered, self.express_wake = threading.Condition(lock), threading.Condition(lock)
         self.running = Counter()  # PRIORITY and BULK -> passes of that kind running now, under `buffered`
         self.failed = False
         self.busy_since = {}  # stage (prefetch or a lane) -> monotonic start of the step it is on
@@ -165,7 +168,9 @@ class Worker:
         self.metrics.count_truncated(len(encoding.truncated))
         with self.buffered:
             self.planner.add(Tokenized(job, encoding, arrived))
-            self.buffered.notify_all()
+            self.buffered.notify()
+            if job.priority and self.all_lanes_on_bulk():
+                self.express_wake.notify()
 
     # ----- lanes: the model -----
 
@@ -179,7 +184,7 @@ class Worker:
                 if batch is not None:
                     finished = batch.scatter(self.run_pass(lane, batch, kind, alone))
                     if finished:
-                        results.send_multipart(messages.Parts(tuple(map(self.part, finished))).frames(), copy=False)
+                        send_frames(results, messages.Parts(tuple(map(self.part, finished))).frames(), copy=False)
         except Exception:
             self.fail(f"{lane} lane")
         finally:
@@ -216,7 +221,6 @@ class Worker:
         finally:
             with self.buffered:
                 self.running[kind] -= 1
-                self.buffered.notify_all()  # the express lane waits for a lane off bulk work
         del self.busy_since[lane]
         self.metrics.record_pass(len(batch.rows), batch.inputs.real_tokens, batch.inputs.padded_tokens,
                                  time.monotonic() - started)
@@ -228,21 +232,29 @@ class Worker:
         express lane takes small requests' rows, only while every other lane runs a bulk pass."""
         def ready_kind():
             if express:
-                busy = self.running[BULK] >= self.lanes
-                return PRIORITY if busy and self.planner.ready(PRIORITY, self.batch_wait_s) else None
+                ready = self.all_lanes_on_bulk() and self.planner.ready(PRIORITY, self.batch_wait_s)
+                return PRIORITY if ready else None
             return next((kind for kind in (PRIORITY, BULK) if self.planner.ready(kind, self.batch_wait_s)), None)
 
+        wake = self.express_wake if express else self.buffered
         with self.buffered:
             # with a batch wait, wake up in time to run rows whose wait is over
             timeout = min(POLL_MS / 1000, self.batch_wait_s or POLL_MS / 1000)
-            if not self.buffered.wait_for(lambda: ready_kind() or self.stop.is_set(), timeout=timeout) \
-                    or self.stop.is_set():
+            if not wake.wait_for(lambda: ready_kind() or self.stop.is_set(), timeout=timeout) or self.stop.is_set():
                 return None, None, False
             kind = ready_kind()
             batch = self.planner.next_pass(kind)
             alone = not any(self.running.values()) and not self.planner and self.received.empty()
             self.running[kind] += 1
+            if not express and ready_kind():
+                self.buffered.notify()  # rows left for another lane
+            if kind == BULK and self.all_lanes_on_bulk() and self.planner.has(PRIORITY):
+                self.express_wake.notify()
             return batch, kind, alone
+
+    def all_lanes_on_bulk(self):
+        """Whether every lane but the express lane runs a bulk pass (under `buffered`)."""
+        return self.running[BULK] >= self.lanes
 
     def fail(self, stage):
         self.log.exception("%s failed; stopping this worker", stage)

@@ -1,0 +1,97 @@
+"""encoder_server.server.worker.Worker's lanes, on real threads and the tiny model: a job wakes the
+lane that will run it, and the express lane runs small requests' rows only while every other lane
+is on a bulk pass. The model's forward pass is held while the test says so, so that the test, not
+the clock, decides when a bulk pass ends."""
+import logging
+import threading
+
+import pytest
+import zmq
+
+from encoder_server.server import messages
+from encoder_server.server.sockets import WorkerEndpoints
+from encoder_server.server.worker import EXPRESS, Worker
+from encoder_server.settings import resolve
+
+RESULTS = "inproc://worker-test-results"
+
+
+class HeldWorker:
+    """A Worker whose lane-0 and express lane run on threads; passes of more than one row wait for
+    `release`. `ran` lists the lane that ran each pass."""
+
+    def __init__(self, tiny_model):
+        settings = resolve(model=str(tiny_model), backend="torch", num_worker=1)
+        self.results = zmq.Context.instance().socket(zmq.PULL)
+        self.results.bind(RESULTS)
+        self.stop, self.release, self.ran = threading.Event(), threading.Event(), []
+        self.worker = Worker(settings, WorkerEndpoints(jobs="inproc://unused", results=RESULTS), "test",
+                             logging.getLogger("worker-test"), self.stop)
+        model_run = self.worker.model.run
+
+        def run(inputs, alone=False):
+            self.ran.append(threading.current_thread().name)
+            if len(inputs.input_ids) > 1:
+                assert self.release.wait(30), "the test never released the bulk pass"
+            return model_run(inputs, alone=alone)
+
+        self.worker.model.run = run
+        self.threads = [threading.Thread(target=self.worker.compute, args=(lane,), name=lane)
+                        for lane in ("lane-0", EXPRESS)]
+        for thread in self.threads:
+            thread.start()
+
+    def take(self, job_id, texts, priority):
+        self.worker.take(messages.Job(job_id, job_id, 0, texts, priority=priority), 0.0)
+
+    def finished(self, timeout_ms=10000):
+        """The job ids of the next Parts message, or None when none comes in time."""
+        if not self.results.poll(timeout_ms):
+            return None
+        return [part.job_id for part in messages.decode(self.results.recv_multipart()).parts]
+
+    def close(self):
+        self.release.set()
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(10)
+        self.results.close(linger=0)
+
+
+@pytest.fixture
+def held(tiny_model):
+    worker = HeldWorker(tiny_model)
+    yield worker
+    worker.close()
+
+
+def wait_until(condition, timeout=10):
+    deadline = threading.Event()
+    timer = threading.Timer(timeout, deadline.set)
+    timer.start()
+    try:
+        while not condition():
+            assert not deadline.wait(0.01), "condition not met in time"
+    finally:
+        timer.cancel()
+
+
+def test_a_small_request_runs_on_the_express_lane_while_every_lane_is_on_a_bulk_pass(held):
+    assert held.worker.lanes == 1
+    held.take(1, [f"bulk text number {i}" for i in range(8)], priority=False)
+    wait_until(lambda: held.ran == ["lane-0"])
+    held.take(2, ["a small request"], priority=True)
+    assert held.finished() == [2], "the small request waited for the bulk pass"
+    assert held.ran == ["lane-0", EXPRESS]
+    held.release.set()
+    assert held.finished() == [1]
+
+
+def test_the_express_lane_leaves_small_requests_to_an_idle_lane(held):
+    for job_id in range(1, 4):
+        held.take(job_id, ["a small request"], priority=True)
+        assert held.finished() == [job_id]
+    held.take(4, [f"bulk text number {i}" for i in range(8)], priority=False)
+    held.release.set()
+    assert held.finished() == [4]
+    assert held.ran == ["lane-0"] * 4
