@@ -5,7 +5,7 @@ from setuptools import find_packages, setup
 VERSION = re.search(r'__version__ = "(.+)"', open("encoder_client/version.py").read()).group(1)
 
 # serving the ONNX exports that the cache holds (the lean container image): no torch
-RUNTIME = ["tokenizers>=0.15", "onnxruntime>=1.17", "numpy>=1.24", "filelock>=3.12", "platformdirs>=3",
+RUNTIME = ["tokenizers>=0.20", "onnxruntime>=1.17", "numpy>=1.24", "filelock>=3.12", "platformdirs>=3",
            "fastapi>=0.110", "uvicorn[standard]>=0.29", "prometheus-client>=0.20", "orjson>=3.9"]
 # and building them (torch, transformers, onnx), the torch backend, models named by Hugging Face id, the
 # bundled model (its package requires sentence-transformers) and bulk's progress bar

@@ -61,7 +61,9 @@ class Tokenizer:
         if prompt:
             texts = [prompt + text for text in texts]
         texts = [self._bounded(item, is_tokenized) for item in texts]
-        encoded = self._tokenizer.encode_batch(texts, is_pretokenized=is_tokenized)
+        # the fast call tracks no offsets, and so gives no token strings: only when they are not asked for
+        encode = self._tokenizer.encode_batch if with_tokens else self._tokenizer.encode_batch_fast
+        encoded = encode(texts, is_pretokenized=is_tokenized)
         ids = [row.ids for row in encoded]
         skip = 0 if self.include_prompt or not prompt else self._prompt_length(prompt)
         pooled = [[int(i >= skip and not (self.mask_special and s)) for i, s in enumerate(row.special_tokens_mask)]
@@ -115,7 +117,7 @@ class Tokenizer:
             start = end
         tokens = []
         for first in range(0, len(segments), SEGMENTS_AT_ONCE):
-            batch = self._whole.encode_batch(segments[first:first + SEGMENTS_AT_ONCE], add_special_tokens=False)
+            batch = self._whole.encode_batch_fast(segments[first:first + SEGMENTS_AT_ONCE], add_special_tokens=False)
             tokens += [token for encoded in batch for token in encoded.ids]
         return tokens
 
@@ -138,7 +140,7 @@ class Tokenizer:
             raise ValueError(f"the query has {query_tokens} tokens, and a pair keeps {self.truncate_at} "
                              "(max_seq_len) with a document's: shorten the query")
         pairs = [(query, self._bounded(document, False)) for document in documents]
-        encoded = self._pairs.encode_batch(pairs)
+        encoded = self._pairs.encode_batch_fast(pairs)
         ids = [row.ids for row in encoded]
         cut = [i for i, row in enumerate(encoded) if row.overflowing]
         truncated = {i: len(self._whole.encode(*pairs[i]).ids) for i in cut}
@@ -166,7 +168,7 @@ class Tokenizer:
         full = [i for i, row in enumerate(ids) if len(row) >= self.truncate_at]
         if not full:
             return {}
-        whole = self._whole.encode_batch([texts[i] for i in full], is_pretokenized=is_tokenized)
+        whole = self._whole.encode_batch_fast([texts[i] for i in full], is_pretokenized=is_tokenized)
         lengths = [len(row.ids) for row in whole]
         return {i: length for i, length in zip(full, lengths) if length > self.truncate_at}
 
