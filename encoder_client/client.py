@@ -18,7 +18,7 @@ from .rerank import check_rerank, ranked
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
 from .sparse import SparseVectors
-from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket, monitor_event, readable
+from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket, monitor_event, readable, send_frames
 from .validation import check_texts
 
 
@@ -262,7 +262,7 @@ class EncoderClient:
         req_id = new_req_id()
         self._check_connection()  # a break before this request is not its concern
         try:
-            self._sender.send_multipart(encode_request(self.identity, req_id, payload, msg_len, options))
+            send_frames(self._sender, encode_request(self.identity, req_id, payload, msg_len, options))
         except zmq.Again:
             raise TimeoutError(f"the encoder-server at {self.address} did not take the request "
                                f"within {self.timeout}s") from None

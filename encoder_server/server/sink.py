@@ -24,7 +24,7 @@ from . import messages
 from .assembly import Assembler, PartError
 from .backlog import Backlog, size_of
 from .ownership import Owners
-from .sockets import POLL_MS, make_socket, peer_address, user_id, waiting
+from .sockets import NOBLOCK, POLL_MS, make_socket, peer_address, send_frames, user_id, waiting
 from .subscriptions import Subscriptions, parse_change
 
 ABANDON_AFTER = 15.0
@@ -154,7 +154,7 @@ class Sink:
                 self.on_bad_parts([part.job_id], frames[0], error)
         # DONE first: the ventilator then knows the worker is free before the client can send again
         if done:
-            self.feedback.send_multipart(messages.Done(tuple(done)).frames())
+            send_frames(self.feedback, messages.Done(tuple(done)).frames())
         for request in completed:
             self.publish_result(request)
 
@@ -264,7 +264,7 @@ class Sink:
     def send(self, frames):
         """Publish without waiting; False when a subscriber of its topic has no room (XPUB_NODROP)."""
         try:
-            self.publish.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+            send_frames(self.publish, frames, NOBLOCK, copy=False)
             return True
         except zmq.Again:
             return False

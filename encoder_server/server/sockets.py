@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import zmq
 
 from encoder_client.keys import apply_curve
-from encoder_client.sockets import readable
+from encoder_client.sockets import NOBLOCK, readable, send_frames  # noqa: F401 (the server's loops use them)
 
 POLL_MS = 100
 BURST = 64  # messages a loop takes from one socket per turn: a busy loop polls once per burst, not per message

@@ -36,7 +36,7 @@ from .liveness import HEARTBEAT_INTERVAL, Liveness
 from .metrics import Metrics
 from .ownership import Owners
 from .scheduling import Dispatcher
-from .sockets import POLL_MS, make_socket, peer_address, user_id, waiting
+from .sockets import NOBLOCK, POLL_MS, make_socket, peer_address, send_frames, user_id, waiting
 from .windowing import Windowing
 
 
@@ -401,7 +401,7 @@ class Ventilator:
             dealt.setdefault(worker, []).append(job)
         for worker, jobs in dealt.items():
             try:
-                self.backend.send_multipart([worker, *messages.Jobs(tuple(jobs)).frames()], flags=zmq.NOBLOCK)
+                send_frames(self.backend, [worker, *messages.Jobs(tuple(jobs)).frames()], NOBLOCK)
             except zmq.ZMQError:  # gone (EHOSTUNREACH) or full: either way, not a worker to count on
                 self.lose(self.liveness.unreachable(worker))
 
@@ -424,7 +424,7 @@ class Ventilator:
             self.unsent.append(frames)
         try:
             while self.unsent:
-                self.to_sink.send_multipart(self.unsent[0], flags=zmq.NOBLOCK)
+                send_frames(self.to_sink, self.unsent[0], NOBLOCK)
                 self.unsent.popleft()
         except zmq.Again:
             pass
