@@ -30,6 +30,7 @@ from benchmark import corpus, engines, load, peers, report  # noqa: E402
 
 SCENARIOS = ("client_batches", "latency", "memory", "concurrency", "tiny_clients", "fairness", "variants", "graphs",
              "accuracy", "ceiling", "peers", "pipeline", "gpu")
+SLOW = ("variants", "accuracy")  # run last, and only where the plan measures variants (not --smoke)
 
 
 @dataclass
@@ -423,9 +424,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     suite = Suite(plan, Path(args.model) if args.model else default_model_path(), args.infinity, out,
                   args.peer_python, args.peer_engines)
-    chosen = args.only or ["client_batches", "latency", "memory", "concurrency", "tiny_clients", "fairness",
-                           "graphs", "ceiling", "peers", "pipeline", "gpu"] + (
-        ["variants", "accuracy"] if plan.variants else [])
+    chosen = args.only or [name for name in SCENARIOS if name not in SLOW] + (list(SLOW) if plan.variants else [])
     results = {"machine": _machine(), "smoke": args.smoke,
                "model": suite.model.name if args.model else "all-MiniLM-L6-v2 (bundled)",
                "mean_tokens": {kind: round(tokens, 1) for kind, tokens in suite.tokens.items()},

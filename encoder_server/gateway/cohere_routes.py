@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 
 from .array_json import ArrayJSONResponse
 from .errors import GatewayError
-from .openai_routes import check_model, connected
+from .openai_routes import model_of_kind
 from .openai_schema import check_dimensions, texts_from_input
 
 EMBEDDING_TYPES = {"float": "float32", "int8": "int8", "uint8": "uint8", "binary": "binary", "ubinary": "ubinary"}
@@ -40,10 +40,7 @@ def cohere_router(link):
 
     @router.post("/v2/embed")
     async def embed(body: CohereEmbedRequest):
-        connected(link)
-        model = check_model(link, body.model) if body.model else link.models[0]
-        if model.get("kind", "embed") != "embed":
-            raise GatewayError(400, f"the model `{body.model}` is not an embedding model", param="model")
+        model = model_of_kind(link, body.model, "embed")
         texts = texts_from_input(_texts(body))
         check_dimensions(body.output_dimension, model.get("embedding_dim"))
         options = {"model": model["model_name"], "prompt_name": prompt_name(body.input_type, model),

@@ -128,6 +128,7 @@ def model_choices(request, settings, handling=None):
     defaults. `handling`: what its long texts become (long_texts), if the caller knows it already.
     ProtocolError for an unknown prompt name."""
     options = request.options or {}
+    truncate = (handling or long_texts(request, settings)) != "error"
     if settings.kind == "rerank":
         if options.get("prompt") or options.get("prompt_name") or options.get("normalize"):
             raise ProtocolError("a rerank request takes no prompt or normalize", request.identity, request.req_id)
@@ -136,8 +137,7 @@ def model_choices(request, settings, handling=None):
             raise ProtocolError(f"the query has {len(options['query'])} characters, far more than a pair of "
                                 f"{settings.truncate_at} tokens (max_seq_len) holds: shorten the query",
                                 request.identity, request.req_id, TOO_LARGE)
-        return {"query": options["query"], "raw_scores": options.get("raw_scores", False),
-                "truncate": (handling or long_texts(request, settings)) != "error"}
+        return {"query": options["query"], "raw_scores": options.get("raw_scores", False), "truncate": truncate}
     prompt = options.get("prompt")
     if prompt is None and options.get("prompt_name") is not None:
         prompt = settings.prompts.get(options["prompt_name"])
@@ -150,8 +150,7 @@ def model_choices(request, settings, handling=None):
                             request.req_id)
     if prompt is None and not request.is_tokenized:
         prompt = settings.prompts.get(settings.default_prompt_name, "")
-    choices = {"prompt": prompt or "", "normalize": options.get("normalize", settings.normalize),
-               "truncate": (handling or long_texts(request, settings)) != "error"}
+    choices = {"prompt": prompt or "", "normalize": options.get("normalize", settings.normalize), "truncate": truncate}
     top_k = _top_k(request, settings)
     return {**choices, "top_k": top_k} if settings.kind == "sparse" else choices
 

@@ -84,7 +84,7 @@ def test_cohere_truncate_none_refuses_and_chunk_embeds_whole(several_models_serv
     ({"texts": ["a"], "input_type": "image"}, "input_type must be one of"),
     ({"texts": ["a"], "output_dimension": 999}, "between 1 and 32"),
     ({"texts": []}, "must not be an empty list"),
-    ({"texts": ["a"], "model": "reranker"}, "not an embedding model"),
+    ({"texts": ["a"], "model": "reranker"}, "takes a model of kind embed"),
     ({"inputs": [{"content": "x"}]}, "inputs must be objects"),
 ])
 def test_bad_cohere_embed_requests_are_named(several_models_server, body, message):
