@@ -30,6 +30,7 @@ import math
 from dataclasses import MISSING, dataclass, field, fields
 
 import numpy as np
+import orjson
 
 from encoder_client.protocol import ERROR_CODES, TOO_LARGE, TOPIC_END
 from encoder_client.sparse import SparseVectors
@@ -267,7 +268,7 @@ def job_ids_in(frames):
     """The job ids that a PARTS message which failed to decode names, as far as they can be read."""
     try:
         if _bytes(frames[0]) == Parts.KIND:
-            headers = json.loads(_bytes(frames[1]))
+            headers = _loads(frames[1])
             return [header["job_id"] for header in headers if isinstance(header, dict)
                     and _is_count(header.get("job_id"))] if isinstance(headers, list) else []
     except (ValueError, IndexError, RecursionError):
@@ -500,19 +501,34 @@ def _count(frame):
 
 
 def _json(value):
-    return json.dumps(value).encode()
+    """`value` as JSON, by orjson (several times faster than json, on every request's messages),
+    or by json where orjson refuses: a string with a lone surrogate."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value).encode()
+
+
+def _loads(frame):
+    """The JSON value in `frame`, read by orjson, or by json where orjson refuses what json
+    accepts (the escaped lone surrogates that _json may write)."""
+    data = _bytes(frame)
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 def _objects(frame):
     """A non-empty JSON list of objects."""
-    values = json.loads(_bytes(frame))
+    values = _loads(frame)
     if not (isinstance(values, list) and values and all(isinstance(value, dict) for value in values)):
         raise MessageError("expected a non-empty JSON list of objects")
     return values
 
 
 def _object(frame):
-    value = json.loads(_bytes(frame))
+    value = _loads(frame)
     if not isinstance(value, dict):
         raise MessageError(f"expected a JSON object, got {type(value).__name__}")
     return value

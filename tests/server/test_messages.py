@@ -18,6 +18,7 @@ EVERY_MESSAGE = [
                                 budget_ms=1234.5, waited_ms=12.0),
                    messages.Job(8, 3, 0, [["pre", "split"]], is_tokenized=True))),
     messages.Jobs((messages.Job(9, 4, 0, ["one"]),)),
+    messages.Jobs((messages.Job(10, 5, 0, ["x"], prompt="\ud800"),)),  # orjson refuses it: json writes and reads it
     messages.Ready(4242, "host-a", remote=True),
     messages.Who(),
     messages.Reset(),
