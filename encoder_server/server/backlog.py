@@ -68,10 +68,11 @@ class Backlog:
         """Whether replies for `identity` wait here (a new one must queue behind them)."""
         return identity in self._waiting
 
-    def stalled_for(self, identity, now=None):
-        """Seconds since the reader of `identity` last took a reply while some waited (0: none wait)."""
-        since = self._progress.get(identity)
-        return 0.0 if since is None else (time.monotonic() if now is None else now) - since
+    def stalled(self, longer_than, now=None):
+        """The identities whose replies wait while their reader has taken none for more than
+        `longer_than` seconds (or, nobody listening, since the first began to wait)."""
+        now = time.monotonic() if now is None else now
+        return [identity for identity, since in self._progress.items() if now - since > longer_than]
 
     def published(self, identity, size):
         """A reply of `size` bytes went out to `identity`: ZeroMQ may hold it until it is read."""

@@ -90,6 +90,7 @@ class Sink:
                 for seq in self.assembler.abandoned(self.subscriptions.is_listening, ABANDON_AFTER):
                     self.log.info("request %d: nobody has listened for it in %.0fs; giving it up", seq, ABANDON_AFTER)
                     self.feedback.send_multipart(messages.Gone(seq).frames())
+                self.warn_of_slow_readers()
 
     def poll_ms(self):
         """How long the loop may wait for a message: less when the backlog has replies to offer."""
@@ -237,10 +238,15 @@ class Sink:
         evicted, refused = (dropped, []) if kept else (dropped[:-1], dropped[-1:])
         self.on_dropped(evicted, "it held the most when all clients' waiting replies reached the cap")
         self.on_dropped(refused, "it has too many bytes unread")
-        if kept and listening and self.backlog.stalled_for(identity) > SLOW_AFTER and self.may_warn("slow"):
-            self.log.warning("the reader of %r is not keeping up; holding its replies (one such line per %ds)",
-                             identity[:64], WARN_EVERY)
         return kept
+
+    def warn_of_slow_readers(self):
+        """Say in the log that a listening reader is not keeping up, once it has taken no reply
+        for SLOW_AFTER while some wait (checked on a timer: its replies may all have come before)."""
+        slow = [identity for identity in self.backlog.stalled(SLOW_AFTER) if self.subscriptions.is_listening(identity)]
+        if slow and self.may_warn("slow"):
+            self.log.warning("the reader of %r is not keeping up; holding its replies (one such line per %ds)",
+                             slow[0][:64], WARN_EVERY)
 
     def release(self):
         """Offer the backlog's replies again, and let go of those that waited too long."""

@@ -105,16 +105,18 @@ def test_a_slow_readers_replies_are_offered_in_order_up_to_the_first_it_has_no_r
     assert [held.frames for held in expired] == [[b"%d" % n] for n in range(400, 501)]
 
 
-def test_how_long_a_reader_has_taken_nothing_is_known():
+def test_readers_that_took_nothing_for_a_while_are_known():
     book = backlog()
-    assert book.stalled_for(b"reader", now=100.0) == 0.0
+    assert book.stalled(1.0, now=100.0) == []
     book.hold(b"reader", [b"1"], slow=True, now=100.0)
     book.hold(b"reader", [b"2"], slow=True, now=100.5)
-    assert book.stalled_for(b"reader", now=102.0) == 2.0
+    assert book.stalled(1.0, now=100.8) == []
+    assert book.stalled(1.0, now=102.0) == [b"reader"]
     book.release(published_to([], room=1), listening(b"reader"), now=103.0)
-    assert book.stalled_for(b"reader", now=103.5) == 0.5
-    book.release(published_to([]), listening(b"reader"), now=103.5)
-    assert book.stalled_for(b"reader", now=200.0) == 0.0  # nothing waits
+    assert book.stalled(1.0, now=103.5) == []  # it took one at 103
+    assert book.stalled(1.0, now=104.5) == [b"reader"]
+    book.release(published_to([]), listening(b"reader"), now=104.5)
+    assert book.stalled(1.0, now=200.0) == []  # nothing waits
 
 
 def test_a_reader_that_takes_replies_is_offered_more_at_once():
