@@ -39,7 +39,8 @@ class Pass:
     @classmethod
     def pad(cls, ids, pooled, pad_id=0, type_ids=None):
         """A pass from per-row token ids, pooling masks and segments (no padding in them yet), each
-        written through one mask of the real tokens rather than row by row (half the time for 32 rows)."""
+        written through one mask of the real tokens rather than row by row: half the time for 32 rows,
+        as fast for 7, a few µs slower for one to four."""
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         real = np.arange(lengths.max()) < lengths[:, None]
         input_ids = np.full(real.shape, pad_id, dtype=np.int64)
