@@ -68,6 +68,10 @@ class Backlog:
         """Whether replies for `identity` wait here (a new one must queue behind them)."""
         return identity in self._waiting
 
+    def owes_any(self, is_listening):
+        """Whether replies wait here for an identity that `is_listening` says has a reader."""
+        return any(is_listening(identity) for identity in self._waiting)
+
     def stalled(self, longer_than, now=None):
         """The identities whose replies wait while their reader has taken none for more than
         `longer_than` seconds (or, nobody listening, since the first began to wait)."""

@@ -36,6 +36,8 @@ ROOM_POLL_MS = 2  # the longest wait for ZeroMQ's word of room while a reader is
 ERROR_RESERVE = 1 << 20  # bytes of error replies an identity may have waiting beyond its budget
 WARN_EVERY = 10
 SLOW_AFTER = 1.0  # seconds a reader may take no reply while some wait before the log calls it slow
+# seconds a stopping sink still offers held replies to their readers (the supervisor waits 10 s for it)
+FLUSH_ON_STOP = 5.0
 
 
 class Sink:
@@ -51,6 +53,7 @@ class Sink:
         self.backlog = Backlog(per_identity=unread_bytes, total=unread_bytes)
         self.owners = Owners()  # under CURVE, the client key each identity belongs to
         self.quiet_until = {}  # warning kind -> when it may be logged again (a flood must not flood the log)
+        self.flush_until = None  # once asked to stop: until when it still offers held replies
         context = zmq.Context.instance()
         curve, self.authenticator = curve_for(context, settings)
         self.collect = make_socket(context, zmq.PULL, bind=addresses.results_binds,
@@ -71,7 +74,7 @@ class Sink:
         # room in a reader's queue: then a reader that is taking replies gets its next one at once
         news = self.publish.getsockopt(zmq.FD)
         next_check = time.monotonic() + CHECK_INTERVAL
-        while not stop.is_set():
+        while not self.may_stop(stop):
             poller.register(news, zmq.POLLIN if self.backlog.waits_for_room() else 0)
             events = dict(poller.poll(self.poll_ms()))
             if self.publish in events:
@@ -91,6 +94,16 @@ class Sink:
                     self.log.info("request %d: nobody has listened for it in %.0fs; giving it up", seq, ABANDON_AFTER)
                     self.feedback.send_multipart(messages.Gone(seq).frames())
                 self.warn_of_slow_readers()
+
+    def may_stop(self, stop):
+        """Whether the loop may end: asked to stop, with no reply held for a reader that listens (the
+        later chunks of a result: the ventilator, which has nothing in flight, stops at once), or
+        FLUSH_ON_STOP after the request to stop."""
+        if not stop.is_set():
+            return False
+        if self.flush_until is None:
+            self.flush_until = time.monotonic() + FLUSH_ON_STOP
+        return time.monotonic() > self.flush_until or not self.backlog.owes_any(self.subscriptions.is_listening)
 
     def poll_ms(self):
         """How long the loop may wait for a message: less when the backlog has replies to offer."""

@@ -144,3 +144,14 @@ def test_many_held_replies_are_released_by_identity_and_by_deadline():
     assert len(book.release(published_to(sent), listening(b"reader"), now=108.0)) == 9_999
     assert book.release(published_to(sent), listening(b"reader"), now=200.0) == [] and len(sent) == 2
     assert book.held_bytes == 0
+
+
+def test_what_is_owed_to_listening_readers_is_known():
+    book = backlog()
+    assert not book.owes_any(listening(b"reader"))
+    book.hold(b"nobody-yet", [b"1"], now=100.0)
+    assert not book.owes_any(listening(b"reader"))  # held for an identity nobody listens to
+    book.hold(b"reader", [b"2"], slow=True, now=100.0)
+    assert book.owes_any(listening(b"reader"))
+    book.release(published_to([]), listening(b"reader"), now=100.5)
+    assert not book.owes_any(listening(b"reader"))

@@ -74,3 +74,40 @@ def test_sigint_stops_cleanly_and_refuses_nothing_in_flight(tiny_model, tmp_path
         assert server.process.wait(30) == 0
         assert "Traceback" not in server.log
     assert result.shape == (1500, 32)
+
+
+def test_a_stopping_sink_hands_a_slow_reader_the_rest_of_its_streamed_result(tiny_model, tmp_path):
+    """A result of 16 MB streamed in 128 KB chunks, far more than the kernel's socket buffers hold,
+    whose reader is slow when the server is told to stop: the ventilator has nothing in flight and
+    stops at once, and the sink keeps offering the chunks it holds to their reader before it exits."""
+    import json
+
+    import zmq
+
+    from encoder_client.protocol import CHUNK_BYTES
+
+    identity = b"slow-at-the-stop"
+    texts = random_texts(2000, seed=8, min_words=70, max_words=80)  # 64 tokens x 32 floats each: 8 KB a text
+    with running_server(tiny_model, "--num-worker", "1", "--pooling-strategy", "none", tmp_path=tmp_path) as server:
+        context = zmq.Context.instance()
+        reader = context.socket(zmq.SUB)
+        reader.setsockopt(zmq.RCVHWM, 1)
+        reader.setsockopt(zmq.RCVBUF, 4096)
+        reader.setsockopt(zmq.SUBSCRIBE, identity + b"\0")
+        reader.connect(f"tcp://127.0.0.1:{server.port_out}")
+        sender = context.socket(zmq.PUSH)
+        sender.connect(f"tcp://127.0.0.1:{server.port}")
+        time.sleep(0.5)  # let the subscription reach the sink
+        sender.send_multipart([identity, json.dumps(texts).encode(), b"1", b"%d" % len(texts), b'{"v": 2}'])
+        assert reader.poll(60_000), "no first chunk"
+        first = reader.recv_multipart()
+        size = int(np.prod(json.loads(first[1])["shape"])) * 4
+        os.killpg(server.process.pid, signal.SIGTERM)
+        received = len(first[2])
+        while received < size and reader.poll(5_000):
+            received += len(reader.recv_multipart()[2])
+            time.sleep(0.005)
+        for sock in (reader, sender):
+            sock.close(linger=0)
+        assert server.process.wait(30) == 0
+    assert size > 100 * CHUNK_BYTES and received == size
