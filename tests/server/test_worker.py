@@ -8,6 +8,7 @@ import threading
 import pytest
 import zmq
 
+from conftest import wait_for
 from encoder_server.server import messages
 from encoder_server.server.sockets import WorkerEndpoints
 from encoder_server.server.worker import EXPRESS, Worker
@@ -65,21 +66,10 @@ def held(tiny_model):
     worker.close()
 
 
-def wait_until(condition, timeout=10):
-    deadline = threading.Event()
-    timer = threading.Timer(timeout, deadline.set)
-    timer.start()
-    try:
-        while not condition():
-            assert not deadline.wait(0.01), "condition not met in time"
-    finally:
-        timer.cancel()
-
-
 def test_a_small_request_runs_on_the_express_lane_while_every_lane_is_on_a_bulk_pass(held):
     assert held.worker.lanes == 1
     held.take(1, [f"bulk text number {i}" for i in range(8)], priority=False)
-    wait_until(lambda: held.ran == ["lane-0"])
+    wait_for(lambda: held.ran == ["lane-0"], timeout=10)
     held.take(2, ["a small request"], priority=True)
     assert held.finished() == [2], "the small request waited for the bulk pass"
     assert held.ran == ["lane-0", EXPRESS]
