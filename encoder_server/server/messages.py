@@ -24,19 +24,16 @@ Time crosses hosts only as durations: a Job carries how much of its client's tim
 and how long it has waited, never a clock reading, so a worker whose clock is off by any amount
 measures both against its own monotonic clock from the moment it receives the job.
 """
-import functools
-import json
-import math
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
-import orjson
 
 from encoder_client.protocol import ERROR_CODES, TOO_LARGE, TOPIC_END
 from encoder_client.sparse import SparseVectors
 from encoder_client.status import check_metrics
 
 from .metrics import check_delta
+from .wire import MessageError, as_bytes, count, from_json, is_count, object_of, objects, to_json, typed
 
 _KINDS = {}
 # the version of these messages: a worker that says READY with another (one of an older release on
@@ -45,13 +42,9 @@ INTERNAL_PROTOCOL = 2
 RESTART_ERROR = "a process of the server died and was restarted while this request was in flight; send it again"
 
 
-class MessageError(ValueError):
-    """Frames that are no message of ours."""
-
-
 def decode(frames):
     """The message these frames hold (zmq.Frame or bytes); MessageError if they hold none."""
-    kind = _bytes(frames[0]) if frames else b""
+    kind = as_bytes(frames[0]) if frames else b""
     message_type = _KINDS.get(kind)
     if message_type is None:
         raise MessageError(f"unknown message kind {kind[:32]!r}")
@@ -119,11 +112,11 @@ class Jobs:
     jobs: tuple
 
     def frames(self):
-        return [self.KIND, _json([vars(job) for job in self.jobs])]
+        return [self.KIND, to_json([vars(job) for job in self.jobs])]
 
     @classmethod
     def decode(cls, frames):
-        return cls(tuple(_typed(Job, job) for job in _objects(frames[0])))
+        return cls(tuple(typed(Job, job) for job in objects(frames[0])))
 
 
 @_kind(b"WHO")
@@ -151,11 +144,11 @@ class Ready:
     protocol: int = None     # the INTERNAL_PROTOCOL it speaks
 
     def frames(self):
-        return [self.KIND, _json(vars(self))]
+        return [self.KIND, to_json(vars(self))]
 
     @classmethod
     def decode(cls, frames):
-        return _typed(cls, _object(frames[0]))
+        return typed(cls, object_of(frames[0]))
 
 
 @_kind(b"HEARTBEAT")
@@ -164,11 +157,11 @@ class Heartbeat:
     metrics: dict = field(default_factory=dict)  # a worker's: what it recorded since its last heartbeat
 
     def frames(self):
-        return [self.KIND, _json(self.metrics)]
+        return [self.KIND, to_json(self.metrics)]
 
     @classmethod
     def decode(cls, frames):
-        metrics = _object(frames[0]) if frames else {}
+        metrics = object_of(frames[0]) if frames else {}
         return cls(check_delta(check_metrics(metrics)) if metrics else {})
 
 
@@ -182,7 +175,7 @@ class _Number:
 
     @classmethod
     def decode(cls, frames):
-        return cls(_count(_bytes(frames[0])))
+        return cls(count(as_bytes(frames[0])))
 
 
 @_kind(b"DROPPED")
@@ -200,11 +193,11 @@ class Refused:
     code: str = TOO_LARGE
 
     def frames(self):
-        return [self.KIND, _json(vars(self))]
+        return [self.KIND, to_json(vars(self))]
 
     @classmethod
     def decode(cls, frames):
-        refused = _typed(cls, _object(frames[0]))
+        refused = typed(cls, object_of(frames[0]))
         if refused.code not in ERROR_CODES:
             raise MessageError(f"unknown error code {refused.code[:32]!r}")
         return refused
@@ -221,7 +214,7 @@ class Done:
 
     @classmethod
     def decode(cls, frames):
-        job_ids = tuple(_count(number) for number in _bytes(frames[0]).split())
+        job_ids = tuple(count(number) for number in as_bytes(frames[0]).split())
         if not job_ids:
             raise MessageError("a DONE message without job ids")
         return cls(job_ids)
@@ -245,7 +238,7 @@ class Unread:
 
     @classmethod
     def decode(cls, frames):
-        return cls(_bytes(frames[0]), _count(_bytes(frames[1])))
+        return cls(as_bytes(frames[0]), count(as_bytes(frames[1])))
 
 
 @_kind(b"BADPART")
@@ -257,20 +250,20 @@ class BadPart:
     remote: bool
 
     def frames(self):
-        return [self.KIND, _json(vars(self))]
+        return [self.KIND, to_json(vars(self))]
 
     @classmethod
     def decode(cls, frames):
-        return _typed(cls, _object(frames[0]))
+        return typed(cls, object_of(frames[0]))
 
 
 def job_ids_in(frames):
     """The job ids that a PARTS message which failed to decode names, as far as they can be read."""
     try:
-        if _bytes(frames[0]) == Parts.KIND:
-            headers = _loads(frames[1])
+        if as_bytes(frames[0]) == Parts.KIND:
+            headers = from_json(frames[1])
             return [header["job_id"] for header in headers if isinstance(header, dict)
-                    and _is_count(header.get("job_id"))] if isinstance(headers, list) else []
+                    and is_count(header.get("job_id"))] if isinstance(headers, list) else []
     except (ValueError, IndexError, RecursionError):
         pass
     return []
@@ -289,7 +282,7 @@ class Forget:
 
     @classmethod
     def decode(cls, frames):
-        return cls(_count(_bytes(frames[0])), _bytes(frames[1]).decode(), _bytes(frames[2]).decode())
+        return cls(count(as_bytes(frames[0])), as_bytes(frames[1]).decode(), as_bytes(frames[2]).decode())
 
 
 @_kind(b"RESET")
@@ -328,17 +321,17 @@ class Register:
         headers = [{"seq": seq, **vars(registration)} for seq, registration in self.registrations.items()]
         for header in headers:
             del header["identity"]
-        return [self.KIND, _json(headers), *(registration.identity for registration in self.registrations.values())]
+        return [self.KIND, to_json(headers), *(registration.identity for registration in self.registrations.values())]
 
     @classmethod
     def decode(cls, frames):
-        headers = _objects(frames[0])
+        headers = objects(frames[0])
         if len(headers) != len(frames) - 1:
             raise MessageError(f"a REGISTER of {len(headers)} requests with {len(frames) - 1} identities")
         registrations = {}
         for header, identity in zip(headers, frames[1:]):
-            seq = _typed(_Seq, {"seq": header.pop("seq", None)}).seq
-            registrations[seq] = _typed(Registration, {"identity": _bytes(identity), **header})
+            seq = typed(_Seq, {"seq": header.pop("seq", None)}).seq
+            registrations[seq] = typed(Registration, {"identity": as_bytes(identity), **header})
         return cls(registrations)
 
 
@@ -359,7 +352,7 @@ class Publish:
 
     @property
     def identity(self):
-        topic = _bytes(self.reply[0])
+        topic = as_bytes(self.reply[0])
         return topic[:-len(TOPIC_END)] if topic.endswith(TOPIC_END) else topic
 
 
@@ -386,12 +379,12 @@ class Part:
     @classmethod
     def of(cls, header, body):
         shape, nnz = header.pop("shape", None), header.pop("sparse", None)
-        if not (isinstance(shape, list) and len(shape) in (2, 3) and all(_is_count(n) for n in shape)) or (
-                nnz is not None and not (_is_count(nnz) and len(shape) == 2)):
+        if not (isinstance(shape, list) and len(shape) in (2, 3) and all(is_count(n) for n in shape)) or (
+                nnz is not None and not (is_count(nnz) and len(shape) == 2)):
             raise MessageError(f"a PART's shape must be 2 or 3 counts, got {str(shape)[:64]}")
         array = np.frombuffer(body, dtype=np.float32).reshape(shape) if nnz is None else \
             SparseVectors.from_bytes(body, shape[0], nnz, shape[1])
-        part = _typed(cls, {**header, "array": array})  # (a header may not name its own array)
+        part = typed(cls, {**header, "array": array})  # (a header may not name its own array)
         if part.tokens is not None and not (len(part.tokens) == len(array) and
                                             all(isinstance(row, list) for row in part.tokens)):
             raise MessageError("a PART's tokens must be one list per row")
@@ -408,16 +401,16 @@ class Parts:
     def frames(self):
         headers, bodies = zip(*(part.header() for part in self.parts))
         headers = [{**header, "bytes": len(body)} for header, body in zip(headers, bodies)]
-        return [self.KIND, _json(headers), b"".join(bodies)]
+        return [self.KIND, to_json(headers), b"".join(bodies)]
 
     @classmethod
     def decode(cls, frames):
-        headers = _objects(frames[0])
+        headers = objects(frames[0])
         body = memoryview(frames[1].buffer if hasattr(frames[1], "buffer") else frames[1]).cast("B")
         parts, start = [], 0
         for header in headers:
             size = header.pop("bytes", None)
-            if not _is_count(size) or start + size > len(body):
+            if not is_count(size) or start + size > len(body):
                 raise MessageError("a PART's bytes must be a count within the body")
             parts.append(Part.of(header, body[start:start + size]))
             start += size
@@ -447,92 +440,3 @@ class WorkerSilent:
 @dataclass(frozen=True)
 class _Seq:
     seq: int
-
-
-def _typed(message_type, values):
-    """message_type(**values), once every field is present (or has a default) and has its type;
-    numbers must be finite, and ints (ids, counts) not negative."""
-    checks, required = _checks(message_type)
-    for name, value in values.items():
-        check = checks.get(name)
-        if check is None:
-            raise MessageError(f"unknown field {name!r} in {message_type.__name__}")
-        if not check(value):
-            kind = next(f.type for f in fields(message_type) if f.name == name)
-            raise MessageError(f"{message_type.__name__}.{name} is not a valid {getattr(kind, '__name__', kind)}")
-    if not required <= values.keys():
-        raise MessageError(f"{message_type.__name__} has no field {sorted(required - values.keys())[0]!r}")
-    return message_type(**values)
-
-
-@functools.cache
-def _checks(message_type):
-    """({field name: what its values must pass}, the names of the fields without a default) of a
-    message class (made once per class: messages are checked by the thousand each second)."""
-    checks = {f.name: _check_of(f.type, f.default is None) for f in fields(message_type)}
-    return checks, {f.name for f in fields(message_type) if f.default is MISSING and f.default_factory is MISSING}
-
-
-def _check_of(kind, may_be_none):
-    if kind is int:
-        check = _is_count
-    elif kind is float:
-        def check(value):  # JSON's numbers, finite; not bools (whose type is bool)
-            return type(value) is int or type(value) is float and math.isfinite(value)
-    elif kind is object:
-        return lambda value: True
-    else:
-        def check(value):
-            return isinstance(value, kind)
-    if may_be_none:
-        return lambda value: value is None or check(value)
-    return lambda value: value is not None and check(value)
-
-
-def _is_count(value):
-    return type(value) is int and value >= 0  # (not a bool, whose type is bool)
-
-
-def _count(frame):
-    value = int(frame)
-    if value < 0:
-        raise MessageError(f"expected a count, got {value}")
-    return value
-
-
-def _json(value):
-    """`value` as JSON, by orjson (several times faster than json, on every request's messages),
-    or by json where orjson refuses: a string with a lone surrogate."""
-    try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return json.dumps(value).encode()
-
-
-def _loads(frame):
-    """The JSON value in `frame`, read by orjson, or by json where orjson refuses what json
-    accepts (the escaped lone surrogates that _json may write)."""
-    data = _bytes(frame)
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
-
-
-def _objects(frame):
-    """A non-empty JSON list of objects."""
-    values = _loads(frame)
-    if not (isinstance(values, list) and values and all(isinstance(value, dict) for value in values)):
-        raise MessageError("expected a non-empty JSON list of objects")
-    return values
-
-
-def _object(frame):
-    value = _loads(frame)
-    if not isinstance(value, dict):
-        raise MessageError(f"expected a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _bytes(frame):
-    return frame.bytes if hasattr(frame, "bytes") else bytes(frame)

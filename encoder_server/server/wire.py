@@ -1,0 +1,106 @@
+"""The frames of the server's internal messages (messages.py): JSON written by orjson, and each
+field checked against its declared type before a message is made. Pure.
+
+A field that fails its check raises MessageError, and a frame that is no JSON ValueError (which
+messages.decode turns into a MessageError), so that a loop which catches it outlives anything a
+peer on a worker port sends."""
+import functools
+import json
+import math
+from dataclasses import MISSING, fields
+
+import orjson
+
+
+class MessageError(ValueError):
+    """Frames that are no message of ours."""
+
+
+def typed(message_type, values):
+    """message_type(**values), once every field is present (or has a default) and has its type;
+    numbers must be finite, and ints (ids, counts) not negative."""
+    checks, required = _checks(message_type)
+    for name, value in values.items():
+        check = checks.get(name)
+        if check is None:
+            raise MessageError(f"unknown field {name!r} in {message_type.__name__}")
+        if not check(value):
+            kind = next(f.type for f in fields(message_type) if f.name == name)
+            raise MessageError(f"{message_type.__name__}.{name} is not a valid {getattr(kind, '__name__', kind)}")
+    if not required <= values.keys():
+        raise MessageError(f"{message_type.__name__} has no field {sorted(required - values.keys())[0]!r}")
+    return message_type(**values)
+
+
+@functools.cache
+def _checks(message_type):
+    """({field name: what its values must pass}, the names of the fields without a default) of a
+    message class (made once per class: messages are checked by the thousand each second)."""
+    checks = {f.name: _check_of(f.type, f.default is None) for f in fields(message_type)}
+    return checks, {f.name for f in fields(message_type) if f.default is MISSING and f.default_factory is MISSING}
+
+
+def _check_of(kind, may_be_none):
+    if kind is int:
+        check = is_count
+    elif kind is float:
+        def check(value):  # JSON's numbers, finite; not bools (whose type is bool)
+            return type(value) is int or type(value) is float and math.isfinite(value)
+    elif kind is object:
+        return lambda value: True
+    else:
+        def check(value):
+            return isinstance(value, kind)
+    if may_be_none:
+        return lambda value: value is None or check(value)
+    return lambda value: value is not None and check(value)
+
+
+def is_count(value):
+    return type(value) is int and value >= 0  # (not a bool, whose type is bool)
+
+
+def count(frame):
+    value = int(frame)
+    if value < 0:
+        raise MessageError(f"expected a count, got {value}")
+    return value
+
+
+def to_json(value):
+    """`value` as JSON, by orjson (several times faster than json, on every request's messages),
+    or by json where orjson refuses: a string with a lone surrogate."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value).encode()
+
+
+def from_json(frame):
+    """The JSON value in `frame`, read by orjson, or by json where orjson refuses what json
+    accepts (the escaped lone surrogates that to_json may write)."""
+    data = as_bytes(frame)
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+def objects(frame):
+    """A non-empty JSON list of objects."""
+    values = from_json(frame)
+    if not (isinstance(values, list) and values and all(isinstance(value, dict) for value in values)):
+        raise MessageError("expected a non-empty JSON list of objects")
+    return values
+
+
+def object_of(frame):
+    """A JSON object."""
+    value = from_json(frame)
+    if not isinstance(value, dict):
+        raise MessageError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def as_bytes(frame):
+    return frame.bytes if hasattr(frame, "bytes") else bytes(frame)
