@@ -11,6 +11,7 @@ POLL_MS = 100
 BURST = 64  # messages a loop takes from one socket per turn: a busy loop polls once per burst, not per message
 # messages queued per socket peer; the dispatcher keeps far fewer jobs per worker than this
 INTERNAL_HWM = 10000
+LINGER_MS = 1000  # the longest a stopping process waits for the messages it queued to go out
 
 
 @dataclass(frozen=True)
@@ -128,3 +129,11 @@ def make_socket(context, kind, bind=None, connect=None, identity=None, hwm=INTER
     if connect:
         sock.connect(connect)
     return sock
+
+
+def let_queued_messages_out():
+    """End this process's ZeroMQ context, which waits up to LINGER_MS for the messages its sockets
+    still queue: a stopping sink's last replies, a stopping worker's last parts. Without it they
+    are lost, since pyzmq does not end its context at exit and a socket's linger never applies.
+    No other thread may be using a socket: those still open are closed here."""
+    zmq.Context.instance().destroy(linger=LINGER_MS)

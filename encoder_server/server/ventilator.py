@@ -36,7 +36,8 @@ from .liveness import HEARTBEAT_INTERVAL, Liveness
 from .metrics import Metrics
 from .ownership import Owners
 from .scheduling import Dispatcher
-from .sockets import NOBLOCK, POLL_MS, make_socket, peer_address, send_frames, user_id, waiting
+from .sockets import (LINGER_MS, NOBLOCK, POLL_MS, let_queued_messages_out, make_socket, peer_address, send_frames,
+                      user_id, waiting)
 from .windowing import Windowing
 
 
@@ -112,9 +113,10 @@ class Ventilator:
     def close(self):
         self.windowing.close()
         for sock in (self.frontend, self.backend, self.from_sink, self.to_sink):
-            sock.close(linger=1000)
+            sock.close(linger=LINGER_MS)
         if self.authenticator is not None:
             self.authenticator.stop()
+        let_queued_messages_out()
 
     # ----- clients -----
 

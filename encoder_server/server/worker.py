@@ -41,7 +41,7 @@ from . import fault_injection, messages
 from .batching import BULK, PRIORITY, BatchPlanner, Tokenized
 from .liveness import HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS
 from .metrics import Metrics
-from .sockets import POLL_MS, make_socket, send_frames, waiting
+from .sockets import LINGER_MS, POLL_MS, let_queued_messages_out, make_socket, send_frames, waiting
 
 STALL_LIMIT = 120.0
 EXPRESS = "express"
@@ -188,7 +188,7 @@ class Worker:
         except Exception:
             self.fail(f"{lane} lane")
         finally:
-            results.close(linger=1000)
+            results.close(linger=LINGER_MS)
 
     def part(self, done):
         """A finished job's Part."""
@@ -292,6 +292,8 @@ def run_worker(settings, endpoints, index, remote=False, alone_on_host=False, st
         stop.set()
         for thread in reversed(threads):
             thread.join(timeout=10)
+        if not any(thread.is_alive() for thread in threads):  # else a socket may still be in use
+            let_queued_messages_out()
     if worker.failed:
         raise SystemExit(1)
     log.info("stopped")

@@ -1,0 +1,43 @@
+import subprocess
+import sys
+import textwrap
+
+import zmq
+
+# a process that queues one message for a peer not there yet, says so, and exits
+SENDER = textwrap.dedent("""
+    import sys
+    import zmq
+    from encoder_server.server.sockets import LINGER_MS, let_queued_messages_out
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.connect(sys.argv[1])
+    sock.send(b"the last reply")
+    sock.close(linger=LINGER_MS)
+    print("queued", flush=True)
+    if sys.argv[2] == "let out":
+        let_queued_messages_out()
+""")
+
+
+def last_message_of_an_exiting_process(tmp_path, ending):
+    endpoint = f"ipc://{tmp_path}/peer"
+    sender = subprocess.Popen([sys.executable, "-c", SENDER, endpoint, ending], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sender.stdout.readline() == "queued\n"
+        if ending == "just exit":
+            sender.wait(10)
+        peer = zmq.Context.instance().socket(zmq.PULL)
+        peer.bind(endpoint)
+        try:
+            return peer.recv() if peer.poll(1500) else None
+        finally:
+            peer.close(linger=0)
+    finally:
+        assert sender.wait(10) == 0
+
+
+def test_a_stopping_process_lets_its_queued_messages_out(tmp_path):
+    """A process that ends its context waits for a late peer to take what it queued; one that just
+    exits loses it (pyzmq does not end the context at exit, so the socket's linger never applies)."""
+    assert last_message_of_an_exiting_process(tmp_path, "let out") == b"the last reply"
+    assert last_message_of_an_exiting_process(tmp_path, "just exit") is None
