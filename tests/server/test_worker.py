@@ -2,6 +2,7 @@
 lane that will run it, and the express lane runs small requests' rows only while every other lane
 is on a bulk pass. The model's forward pass is held while the test says so, so that the test, not
 the clock, decides when a bulk pass ends."""
+import itertools
 import logging
 import threading
 
@@ -14,7 +15,8 @@ from encoder_server.server.sockets import WorkerEndpoints
 from encoder_server.server.worker import EXPRESS, Worker
 from encoder_server.settings import resolve
 
-RESULTS = "inproc://worker-test-results"
+# one endpoint per test: ZeroMQ releases a closed socket's inproc address in its own time
+RESULTS = (f"inproc://worker-test-results-{number}" for number in itertools.count())
 
 
 class HeldWorker:
@@ -23,10 +25,11 @@ class HeldWorker:
 
     def __init__(self, tiny_model):
         settings = resolve(model=str(tiny_model), backend="torch", num_worker=1)
+        results = next(RESULTS)
         self.results = zmq.Context.instance().socket(zmq.PULL)
-        self.results.bind(RESULTS)
+        self.results.bind(results)
         self.stop, self.release, self.ran = threading.Event(), threading.Event(), []
-        self.worker = Worker(settings, WorkerEndpoints(jobs="inproc://unused", results=RESULTS), "test",
+        self.worker = Worker(settings, WorkerEndpoints(jobs="inproc://unused", results=results), "test",
                              logging.getLogger("worker-test"), self.stop)
         model_run = self.worker.model.run
 
