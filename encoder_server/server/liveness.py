@@ -5,11 +5,12 @@ worker says READY when it connects, then sends a heartbeat every `interval`, and
 sends one back at the same rate. A worker is lost when it has been silent for `liveness`
 intervals, when the supervisor reports that it exited, when it cannot be reached, or when it says
 READY again (it lost touch with us and connected anew: its jobs go to others, but do not count
-as having crashed it). Silence while the ventilator itself was stalled does not count. Each loss says which worker, why, and
-its pid when the local supervisor runs it; the ventilator then gives its jobs to others, and has
-the supervisor kill a local worker that fell silent, since it may still be running. A worker
-that sent what no worker of ours sends is kept out for KEEP_OUT_SECONDS: it gets no jobs, even
-if it says READY again (a restarted local worker has a new name).
+as having crashed it). Silence while the ventilator itself was stalled does not count. Each loss
+says which worker, why, and its pid when the local supervisor runs it; the ventilator then gives
+its jobs to others, and has the supervisor kill a local worker that fell silent, since it may
+still be running. A worker that sent what no worker of ours sends is kept out for
+KEEP_OUT_SECONDS: it gets no jobs, even if it says READY again (a restarted local worker has a
+new name).
 """
 import os
 from collections import OrderedDict

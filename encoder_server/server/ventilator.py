@@ -5,35 +5,33 @@ Sockets: `frontend` (PULL, clients), `backend` (ROUTER, workers), `to_sink` (PUS
 clients that do not read their results, BADPART for a worker's part the sink could not use),
 plus a pipe from the supervisor that reports worker exits. Its logic lives in pure modules:
 intake.py checks requests, scheduling.py queues and deals jobs, liveness.py says which workers
-are alive, and messages.py is what it says to the other processes. Requests past their deadline
-or abandoned by their client are cancelled.
+are alive, books.py counts what was done and answers SHOW_STATUS and SHOW_CONFIG, and messages.py
+is what it says to the other processes. Requests past their deadline or abandoned by their client
+are cancelled.
 
 Request and job numbers start at random, so parts computed for an earlier run of the server (a
 remote worker that outlived it) can never be taken for this run's.
 """
 import contextlib
-import functools
 import secrets
 import socket
 import time
-from collections import Counter, deque
+from collections import deque
 from dataclasses import asdict, replace
 
 import zmq
 
-from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, NOT_FOUND, PROTOCOL_VERSION, RESTARTED, TOO_LARGE,
-                                     ProtocolError, decode_request, encode_data, encode_error)
-from encoder_client.status import ModelStatus, Requests, ServerStatus, Texts
-from encoder_client.version import __version__
+from encoder_client.protocol import (BUSY, DRAINING, FORBIDDEN, NOT_FOUND, RESTARTED, TOO_LARGE, ProtocolError,
+                                     decode_request, encode_data, encode_error)
 
 from ..model.outputs import CALIBRATED, is_calibration
 from ..processes import start_child
 from ..security import curve_for, is_loopback, workers_use_curve
 from . import messages
+from .books import Books
 from .intake import (check_result_size, long_texts, model_choices, model_index, output_of, parse_encode,
                      served_model)
 from .liveness import HEARTBEAT_INTERVAL, Liveness
-from .metrics import Metrics
 from .ownership import Owners
 from .scheduling import Dispatcher
 from .sockets import (LINGER_MS, NOBLOCK, POLL_MS, let_queued_messages_out, make_socket, peer_address, send_frames,
@@ -45,22 +43,19 @@ class Ventilator:
     def __init__(self, settings, addresses, log, supervisor=None):
         self.settings = settings
         self.models = settings.all_models  # the default model first
-        self.workers_expected = sum(model.num_worker for model in self.models)
         self.log = log
         self.supervisor = supervisor  # a multiprocessing Connection, or None
         self.dispatcher = Dispatcher(settings.priority_batch_size, settings.max_batch_size,
                                      settings.prefetch_size, first_job_id=_random_start())
         self.liveness = Liveness(socket.gethostname())
         self.next_seq = _random_start()
-        self.started = self.last_turn = time.monotonic()
-        self.counters = Counter()
-        self.metrics = Metrics()
+        self.last_turn = time.monotonic()
+        self.books = Books(settings)
         self.draining = False
         self.unsent = deque()  # messages for the sink that it could not take yet
         self.registering = {}  # seq -> Registration of the requests admitted in this turn of the loop
         self.owners = Owners()  # under CURVE, the client key each identity belongs to
         self.windowing = Windowing(self.models)
-        self.calibration = {}   # model index -> the int8 ranges its first worker sent
         context = zmq.Context.instance()
         curve, self.authenticator = curve_for(context, settings)
         self.frontend = make_socket(context, zmq.PULL, bind=addresses.frontend, curve=curve,
@@ -182,9 +177,10 @@ class Ventilator:
 
     def on_command(self, request, peer):
         if request.command == b"SHOW_CONFIG":
-            self.publish(encode_data(request.identity, request.req_id, self.config))
+            self.publish(encode_data(request.identity, request.req_id, self.books.config()))
         elif request.command == b"SHOW_STATUS":
-            self.publish(encode_data(request.identity, request.req_id, self.status()))
+            self.publish(encode_data(request.identity, request.req_id,
+                                     self.books.status(self.dispatcher, self.liveness, self.draining)))
         elif not (is_loopback(peer) or self.settings.authorized_clients):
             self.log.warning("refused TERMINATION from non-loopback peer %s", peer)
             self.reply_error(request.identity, request.req_id,
@@ -206,7 +202,7 @@ class Ventilator:
             return self.refuse_busy(request, f"server busy: {pending} texts pending, the limit is {limit}; "
                                              "retry later")
         if output.precision in CALIBRATED:
-            calibration = self.calibration.get(model)
+            calibration = self.books.calibration.get(model)
             if calibration is None:
                 return self.refuse_busy(request, f"server busy: no worker has calibrated {output.precision} for "
                                                  "this model yet; retry later")
@@ -228,7 +224,7 @@ class Ventilator:
         self.log.debug("request %d: %d texts from %r", seq, len(request.texts), request.identity)
 
     def refuse_busy(self, request, message):
-        self.counters["requests_busy"] += 1
+        self.books.counts["requests_busy"] += 1
         self.reply_error(request.identity, request.req_id, message, BUSY)
 
     def end_request(self, seq, outcome, error=None, code=None):
@@ -237,8 +233,8 @@ class Ventilator:
         skipped = self.dispatcher.cancel(seq)
         if skipped is None:
             return
-        self.counters[f"requests_{outcome}"] += 1
-        self.counters[f"texts_{outcome}"] += skipped
+        self.books.counts[f"requests_{outcome}"] += 1
+        self.books.counts[f"texts_{outcome}"] += skipped
         self.log.info("request %d %s: %d texts never computed", seq, outcome, skipped)
         self.send_to_sink(messages.Forget(seq, error or "", code or "").frames())
 
@@ -286,23 +282,24 @@ class Ventilator:
             return
         self.lose(self.liveness.ready(worker, message, now))
         self.dispatcher.add_worker(worker, message.lanes, model)
-        if model not in self.calibration and is_calibration(message.calibration, self.models[model].embedding_dim):
-            self.calibration[model] = message.calibration
+        calibration = self.books.calibration
+        if model not in calibration and is_calibration(message.calibration, self.models[model].embedding_dim):
+            calibration[model] = message.calibration
         self.log.info("%s ready (%d of %d), serving %s", worker.decode(errors="replace"), len(self.liveness),
-                      self.workers_expected, self.models[model].name)
+                      self.books.workers_expected, self.models[model].name)
 
     def on_worker_report(self, message):
         if isinstance(message, messages.Heartbeat):
-            self.metrics.add(message.metrics)
+            self.books.metrics.add(message.metrics)
         elif isinstance(message, messages.Dropped):
             job = self.dispatcher.job_dropped(message.number)
             if job is not None:
-                self.counters["texts_expired"] += len(job.texts)
+                self.books.counts["texts_expired"] += len(job.texts)
                 self.end_request(job.seq, "expired")
         elif isinstance(message, messages.Refused):
             job = self.dispatcher.job_dropped(message.job_id)
             if job is not None:
-                self.counters["texts_refused"] += len(job.texts)
+                self.books.counts["texts_refused"] += len(job.texts)
                 self.end_request(job.seq, "refused", message.error, message.code)
         else:
             raise messages.MessageError(f"a worker does not send {type(message).__name__}")
@@ -349,7 +346,7 @@ class Ventilator:
         """Drop lost workers; their jobs go to others, and a job on its second dead worker fails its request."""
         for loss in losses:
             requeued, poisoned = self.dispatcher.remove_worker(loss.worker, loss.crashed)
-            self.counters["jobs_redispatched"] += len(requeued)
+            self.books.counts["jobs_redispatched"] += len(requeued)
             self.log.warning("%s %s; %d of its unfinished jobs go to other workers",
                              loss.worker.decode(errors="replace"), loss.why, len(requeued))
             if loss.kill and loss.pid is not None and self.supervisor is not None:
@@ -373,7 +370,7 @@ class Ventilator:
 
     def abandon_unread(self, message):
         """The sink dropped replies for a client that left too much unread: drop its queued work too."""
-        self.counters["replies_dropped"] += message.replies
+        self.books.counts["replies_dropped"] += message.replies
         for seq in self.dispatcher.requests_of(message.identity):
             self.end_request(seq, "abandoned", UNREAD_ERROR, BUSY)
 
@@ -393,8 +390,8 @@ class Ventilator:
     def finish_job(self, job_id):
         request = self.dispatcher.job_done(job_id)
         if request is not None:
-            self.counters["requests_served"] += 1
-            self.metrics.observe("request_seconds", time.monotonic() - request.admitted)
+            self.books.counts["requests_served"] += 1
+            self.books.metrics.observe("request_seconds", time.monotonic() - request.admitted)
 
     def dispatch(self):
         """Send each worker the jobs dealt to it, in one message."""
@@ -436,56 +433,6 @@ class Ventilator:
 
     def reply_error(self, identity, req_id, message, code=None):
         self.publish(encode_error(identity, req_id, message, code))
-
-    @property
-    def config(self):
-        """SHOW_CONFIG's answer: the settings, and each embedding model's int8 ranges once a worker
-        has calibrated them (as `calibration`: {"raw" or "normalized": [starts, steps]})."""
-        models = [{**model, "calibration": self.calibration.get(index)}
-                  for index, model in enumerate(self.settings_config["models"])]
-        return {**self.settings_config, "calibration": self.calibration.get(0), "models": models}
-
-    @functools.cached_property
-    def settings_config(self):
-        """The settings' part of SHOW_CONFIG: they never change, so it is built once (about 1 ms with two models)."""
-        return {**self.settings.public_config(), "server_version": __version__,
-                "protocol_version": PROTOCOL_VERSION}
-
-    def status(self):
-        workers = self.dispatcher.workers
-        return ServerStatus(
-            ready=self.liveness.local >= self.workers_expected and not self.draining,
-            workers_alive=len(workers),
-            workers_expected=self.workers_expected,
-            workers_remote=len(workers) - self.liveness.local,
-            workers_busy=sum(1 for texts in workers.values() if texts),
-            worker_busy_texts=workers,
-            worker_texts_encoded=self.dispatcher.worker_texts_encoded,
-            worker_restarts=self.liveness.restarts,
-            jobs_redispatched=self.counters["jobs_redispatched"],
-            queue_depth={**self.dispatcher.queue_depths(), "pending_texts": self.dispatcher.pending_texts,
-                         "max_pending_texts": self.settings.max_pending_texts},
-            in_flight_requests=self.dispatcher.in_flight_requests,
-            requests_served=self.counters["requests_served"],
-            requests={outcome: self.counters[f"requests_{outcome}"] for outcome in Requests.__annotations__},
-            texts={"encoded": self.dispatcher.texts_encoded,
-                   **{outcome: self.counters[f"texts_{outcome}"] for outcome in Texts.__annotations__
-                      if outcome != "encoded"}},
-            replies_dropped=self.counters["replies_dropped"],
-            draining=self.draining,
-            uptime_s=round(time.monotonic() - self.started, 3),
-            server_version=__version__,
-            metrics=self.metrics.snapshot(),
-            models={model.name: self.model_status(index, model) for index, model in enumerate(self.models)},
-        )
-
-    def model_status(self, index, model):
-        alive = len(self.dispatcher.workers_of(index))
-        depths = self.dispatcher.queue_depths(index)
-        return ModelStatus(kind=model.kind, embedding_dim=model.embedding_dim, ready=alive >= model.num_worker,
-                           workers_alive=alive, workers_expected=model.num_worker,
-                           queue_depth={"priority": depths["priority"], "bulk": depths["bulk"]},
-                           texts_encoded=self.dispatcher.texts_encoded_by_model[index])
 
 
 UNSENT_LIMIT = 10_000  # messages kept for the sink; past it, clients wait (their send times out) instead
