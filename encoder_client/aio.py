@@ -11,8 +11,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
 from .keys import as_identity, curve_keys
-from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, EncodeResult, ReplyReader, decode_reply, encode_request, refusal_topic,
-                       topic)
+from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, EncodeResult, ReplyReader, decode_reply, encode_request,
+                       refusal_topic, topic)
 from .rerank import check_rerank, ranked
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)

@@ -12,8 +12,8 @@ import zmq
 from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
 from .keys import as_identity, curve_keys
 from .progress import PROGRESS_CHUNK, chunks, progress_bar
-from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, EncodeResult, ReplyReader, decode_reply, encode_request, refusal_topic,
-                       topic)
+from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, EncodeResult, ReplyReader, decode_reply, encode_request,
+                       refusal_topic, topic)
 from .rerank import check_rerank, ranked
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .json_frames import from_json, to_json
 from .sparse import SparseVectors
 
 PROTOCOL_VERSION = 2
@@ -159,7 +160,7 @@ def decode_request(frames):
 def decode_texts(request):
     """The request's texts as a Python list; ProtocolError if the payload is not JSON."""
     try:
-        return json.loads(request.payload)
+        return from_json(request.payload)
     except (UnicodeDecodeError, ValueError):
         raise ProtocolError("payload is not valid JSON", request.identity, request.req_id) from None
     except RecursionError:  # the parser's own depth limit: nesting deeper than any request has
@@ -179,12 +180,11 @@ def result_messages(identity, req_id, array, tokens=None, num_tokens=None, trunc
     body = memoryview(np.ascontiguousarray(sent)).cast("B")
     header = {**layout, "num_tokens": num_tokens, "truncated": truncated, **({"windows": windows} if windows else {})}
     if not streamed or len(body) <= CHUNK_BYTES:
-        yield [topic(identity), json.dumps({**header, "tokens": tokens or ""}).encode(), body, b"%d" % req_id]
+        yield [topic(identity), to_json({**header, "tokens": tokens or ""}), body, b"%d" % req_id]
         return
     for offset in range(0, len(body), CHUNK_BYTES):
-        yield [topic(identity), json.dumps({**header, "tokens": (tokens or "") if offset == 0 else "",
-                                            "offset": offset}).encode(), bytes(body[offset:offset + CHUNK_BYTES]),
-               b"%d" % req_id]
+        yield [topic(identity), to_json({**header, "tokens": (tokens or "") if offset == 0 else "", "offset": offset}),
+               bytes(body[offset:offset + CHUNK_BYTES]), b"%d" % req_id]
 
 
 def _layout(array):
@@ -218,7 +218,7 @@ def encode_data(identity, req_id, data):
 
 def decode_reply(frames):
     """The Reply in one published message (a chunk of a streamed result: see ReplyReader)."""
-    return _reply(json.loads(frames[1]), frames)
+    return _reply(from_json(frames[1]), frames)
 
 
 def _reply(header, frames):
@@ -248,7 +248,7 @@ class ReplyReader:
 
     def read(self, frames):
         """The Reply that `frames` completes, or None while a streamed result is incomplete."""
-        header = json.loads(frames[1])
+        header = from_json(frames[1])
         if len(frames) != 4 or "offset" not in header:
             return _reply(header, frames)
         req_id = int(frames[-1])
@@ -294,7 +294,7 @@ def _parse_int(frame, name, identity, req_id=UNKNOWN_REQ_ID):
 
 def _parse_options(frame, identity, req_id):
     try:
-        options = json.loads(frame)
+        options = from_json(frame)
     except (UnicodeDecodeError, ValueError, RecursionError):
         options = None
     if not isinstance(options, dict):

@@ -1,8 +1,8 @@
 """What both clients send, and how they pace retries and the connection handshake. Pure: no sockets."""
-import json
 import secrets
 
 from .errors import RequestTooLargeError
+from .json_frames import to_json
 from .validation import check_not_blank, check_texts, check_unicode
 
 CONNECT_TIMEOUT = 10.0     # the handshake's limit when the client's timeout is None
@@ -41,7 +41,7 @@ def prepare_encode(texts, is_tokenized=False, show_tokens=False, timeout=None, m
     prompt_name, normalize and truncate (see MODEL_OPTIONS); None leaves one to the server."""
     check_texts(texts, is_tokenized)
     chosen = check_model_options(model_options)
-    payload = json.dumps(texts).encode()
+    payload = to_json(texts)
     if max_request_bytes and len(payload) > max_request_bytes:
         raise RequestTooLargeError(f"the request is {len(payload) >> 20} MB, above the server's limit of "
                                    f"{max_request_bytes >> 20} MB (--max-request-mb); split it")

@@ -1,15 +1,16 @@
-"""The frames of the server's internal messages (messages.py): JSON written by orjson, and each
-field checked against its declared type before a message is made. Pure.
+"""The frames of the server's internal messages (messages.py): JSON (encoder_client.json_frames:
+orjson, and json where orjson refuses), and each field checked against its declared type before a
+message is made. Pure.
 
 A field that fails its check raises MessageError, and a frame that is no JSON ValueError (which
 messages.decode turns into a MessageError), so that a loop which catches it outlives anything a
 peer on a worker port sends."""
 import functools
-import json
 import math
 from dataclasses import MISSING, fields
 
-import orjson
+from encoder_client.json_frames import from_json as _from_json
+from encoder_client.json_frames import to_json  # noqa: F401 (messages.py writes its frames with it)
 
 
 class MessageError(ValueError):
@@ -80,23 +81,9 @@ def count(frame):
     return value
 
 
-def to_json(value):
-    """`value` as JSON, by orjson (several times faster than json, on every request's messages),
-    or by json where orjson refuses: a string with a lone surrogate."""
-    try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return json.dumps(value).encode()
-
-
 def from_json(frame):
-    """The JSON value in `frame`, read by orjson, or by json where orjson refuses what json
-    accepts (the escaped lone surrogates that to_json may write)."""
-    data = as_bytes(frame)
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
+    """The JSON value in `frame` (zmq.Frame or bytes)."""
+    return _from_json(as_bytes(frame))
 
 
 def objects(frame):
