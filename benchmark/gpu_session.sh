@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# One prepared run on a lent GPU machine, inside one device call's 10 minutes: unpack the kit that
-# `python -m benchmark.device_kit pack` made here, then the CUDA tests, the model alone on the
-# service's passes (fp32 and fp16, SDPA and eager attention), and the `gpu` benchmark scenario.
-# Everything it prints and writes lands in $OUT, six files (the device tool brings back eight):
+# Prepared runs on a lent GPU machine, each within one device call's 10 minutes: unpack the kit that
+# `python -m benchmark.device_kit pack` made here, then the steps named (default: the first three):
+#
+#   tests     the CUDA tests (tests/cuda)
+#   passes    the model alone on the service's passes: fp32 and fp16, SDPA and eager attention
+#   scenario  the `gpu` benchmark scenario: the service against sentence-transformers on the device
+#   sweep     the service at 1, 2, 4 and 8 workers, fp32 and fp16 (benchmark/gpu_sweep.py): goals 1, 2
 #
 #   device run, carry [".device"], timeout_s 600:  bash benchmark/gpu_session.sh
+#   and a second call:                             bash benchmark/gpu_session.sh sweep
 #
-# PYTHON names another interpreter (the GPU machines' python3 holds torch); a step that runs past
-# its share of the time is stopped and the next one runs.
+# Everything it prints and writes lands in $OUT, at most six files (the device tool brings back
+# eight). PYTHON names another interpreter (the GPU machines' python3 holds torch); a step that runs
+# past its share of the time is stopped and the next one runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-/tmp/gpu-session}
 KIT=${KIT:-.device}
+STEPS=${*:-tests passes scenario}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 "$PYTHON" -m benchmark.device_kit unpack "$KIT" > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
@@ -29,6 +35,13 @@ step() {  # step NAME SECONDS COMMAND...: its output to $OUT/NAME.log, its last 
     echo "   exit $?"
     tail -n 6 "$OUT/$name.log"
 }
-step cuda-tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/cuda
-DEVICE=cuda step cuda-passes 90 "$PYTHON" -m benchmark.cuda_passes "$MODEL"
-step gpu-scenario 270 "$PYTHON" -m benchmark.run --only gpu --repeats 1 --model "$MODEL" --out "$OUT/gpu"
+for name in $STEPS; do
+    case $name in
+        tests) step cuda-tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/cuda ;;
+        passes) DEVICE=cuda step cuda-passes 90 "$PYTHON" -m benchmark.cuda_passes "$MODEL" ;;
+        scenario) step gpu-scenario 270 "$PYTHON" -m benchmark.run --only gpu --repeats 1 --model "$MODEL" \
+                      --out "$OUT/gpu" ;;
+        sweep) step gpu-sweep 540 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --out "$OUT/gpu-sweep.json" ;;
+        *) echo "unknown step $name (tests, passes, scenario, sweep)"; exit 2 ;;
+    esac
+done

@@ -1,5 +1,6 @@
 """The benchmark machinery end to end at toy sizes: it must produce its JSON, plots and table."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,3 +44,16 @@ def test_benchmark_smoke_run_writes_json_plots_and_table(tiny_model, tmp_path):
     assert all(row["requests_per_s"] > 0 and row["cpu_us_per_request"]["ventilator"] > 0
                and row["cpu_us_per_request"]["sink"] > 0 for row in pipeline.values())
     assert "## The server's own ceiling" in table and "## GPU" in table
+
+
+def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path):
+    """benchmark/gpu_sweep.py, as DEVICE=cpu runs it (fp32 only): a row per configuration and load."""
+    out = tmp_path / "sweep.json"
+    result = subprocess.run([sys.executable, "-m", "benchmark.gpu_sweep", str(tiny_model), "--workers", "1", "2",
+                             "--seconds", "1", "--out", str(out), "--log-dir", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "DEVICE": "cpu"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    sweep = json.loads(out.read_text())
+    assert sweep["device"].startswith("cpu")
+    assert [row["configuration"] for row in sweep["rows"]] == ["1 worker, fp32"] * 3 + ["2 workers, fp32"] * 3
+    assert all(row["texts_per_s"] > 0 and row["p50_ms"] > 0 for row in sweep["rows"])
