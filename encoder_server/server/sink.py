@@ -24,8 +24,8 @@ from . import messages
 from .assembly import Assembler, PartError
 from .backlog import Backlog, size_of
 from .ownership import Owners
-from .sockets import (LINGER_MS, NOBLOCK, POLL_MS, let_queued_messages_out, make_socket, peer_address, send_frames,
-                      user_id, waiting)
+from .sockets import (NOBLOCK, POLL_MS, let_queued_messages_out, make_socket, peer_address, send_frames, user_id,
+                      waiting)
 from .subscriptions import Subscriptions, parse_change
 
 ABANDON_AFTER = 15.0
@@ -298,11 +298,9 @@ class Sink:
         return True
 
     def close(self):
-        for sock in (self.collect, self.control, self.publish, self.feedback):
-            sock.close(linger=LINGER_MS)
         if self.authenticator is not None:
             self.authenticator.stop()
-        let_queued_messages_out()
+        let_queued_messages_out()  # closes the sockets, once what they queue has gone out
 
 
 UNREAD_ERROR = ("the server dropped this result: this client identity did not read its results (%s; the server "

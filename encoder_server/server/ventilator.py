@@ -34,8 +34,8 @@ from .intake import (check_result_size, long_texts, model_choices, model_index, 
 from .liveness import HEARTBEAT_INTERVAL, Liveness
 from .ownership import Owners
 from .scheduling import Dispatcher
-from .sockets import (LINGER_MS, NOBLOCK, POLL_MS, let_queued_messages_out, make_socket, peer_address, send_frames,
-                      user_id, waiting)
+from .sockets import (NOBLOCK, POLL_MS, let_queued_messages_out, make_socket, peer_address, send_frames, user_id,
+                      waiting)
 from .windowing import Windowing
 
 
@@ -107,11 +107,9 @@ class Ventilator:
 
     def close(self):
         self.windowing.close()
-        for sock in (self.frontend, self.backend, self.from_sink, self.to_sink):
-            sock.close(linger=LINGER_MS)
         if self.authenticator is not None:
             self.authenticator.stop()
-        let_queued_messages_out()
+        let_queued_messages_out()  # closes the sockets, once what they queue has gone out
 
     # ----- clients -----
 
