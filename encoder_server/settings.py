@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, replace
 from encoder_client.protocol import DEFAULT_MAX_REQUEST_MB, DEFAULT_PORT, DEFAULT_PORT_OUT
 
 from .model.backends import default_backend
-from .model.cpus import default_workers, usable_cpus
+from .model.cpus import default_cuda_workers, default_workers, usable_cpus
+from .model.gpu_memory import cuda_device_bytes, worker_bytes, workers_that_fit
 from .model.model_folder import ConfigError
 from .model.spec import (COMPUTE, MODEL, SCHEDULING, ModelSpec, check_bounds, choice, choices_of,
                          resolve_spec, unless_chosen)
@@ -38,7 +39,8 @@ class Settings(ModelSpec):
 
     num_worker: int = choice(None, COMPUTE, "worker processes (default: 1 for onnx on cpu, which runs its passes "
                                             "in lanes; for torch on cpu one per usable CPU, within the cgroup's "
-                                            "CPU quota, up to 8; 1 on cuda)", minimum=1)
+                                            "CPU quota, up to 8; on cuda one per two CPUs, up to 8 and as many "
+                                            "as half the GPU's memory holds)", minimum=1)
     lanes: int = choice(None, COMPUTE, "forward passes each worker process runs at once, on threads sharing one "
                                        "copy of the model (default for onnx on cpu: one per usable CPU up to 8, "
                                        "shared out among the workers; else 1)", minimum=1)
@@ -151,8 +153,9 @@ def resolve(**choices):
     entries = model_entries(choices.get("model"), choices.get("models"))
     shared = {name: value for name, value in choices.items() if name != "model"}
     others = {name: value for name, value in shared.items() if name != "model_name"}  # --model-name: the default's
-    cpus = max(1, usable_cpus() // len(entries))  # each model's share, so that one's load never slows another
-    served = [_resolve_one({**(others if index else shared), **entry}, cpus, default=index == 0)
+    # each model's share of the CPUs and the GPU, so that one's load never slows another
+    cpus, gpu_share = max(1, usable_cpus() // len(entries)), 1 / len(entries)
+    served = [_resolve_one({**(others if index else shared), **entry}, cpus, gpu_share, default=index == 0)
               for index, entry in enumerate(entries)]
     check_names(served)
     _check_keys(served[0].server_key, served[0].authorized_clients)
@@ -160,12 +163,14 @@ def resolve(**choices):
     return replace(served[0], served=tuple(served))
 
 
-def _resolve_one(choices, cpus, default):
+def _resolve_one(choices, cpus, gpu_share, default):
     names = choices.pop("names", None)
     chosen = Settings(**choices)
     check_bounds(chosen)
     _check_service_bounds(chosen)
     settings = resolve_spec(replace(chosen, **_compute_defaults(chosen, cpus)))
+    if settings.device == "cuda" and chosen.num_worker is None:
+        settings = replace(settings, num_worker=_cuda_workers_that_fit(settings, gpu_share))
     aliases = CLIENT_DEFAULT_NAMES if default and settings.kind == "embed" else ()
     return replace(
         settings, model_name=tuple(dict.fromkeys((*(names or ()), settings.served_name, *(chosen.model_name or ()),
@@ -179,10 +184,19 @@ def _compute_defaults(chosen, cpus):
     the weights; torch's intra-op threads are per process, so it gets a process per CPU instead."""
     cuda = chosen.device == "cuda"
     in_lanes = not cuda and (chosen.backend or default_backend(chosen.device)) == "onnx"
-    num_worker = unless_chosen(chosen.num_worker, 1 if cuda or in_lanes else default_workers(cpus))
+    num_worker = unless_chosen(chosen.num_worker, default_cuda_workers(cpus) if cuda
+                               else 1 if in_lanes else default_workers(cpus))
     lanes = unless_chosen(chosen.lanes, max(1, default_workers(cpus) // num_worker) if in_lanes else 1)
     threads = unless_chosen(chosen.threads_per_worker, 1 if cuda else max(1, cpus // (num_worker * lanes)))
     return {"num_worker": num_worker, "lanes": lanes, "threads_per_worker": threads}
+
+
+def _cuda_workers_that_fit(settings, gpu_share):
+    """The default CUDA workers, fewer where the GPU's memory (this model's share) holds fewer."""
+    gpu_bytes = cuda_device_bytes()
+    if gpu_bytes is None:
+        return settings.num_worker
+    return min(settings.num_worker, workers_that_fit(gpu_bytes * gpu_share, worker_bytes(settings)))
 
 
 def _check_service_bounds(settings):

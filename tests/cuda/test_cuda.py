@@ -40,6 +40,15 @@ def test_cuda_rows_match_the_reference_and_the_server_stops_clean(tiny_model, tm
         np.testing.assert_allclose(rows, expected, atol=1e-4, rtol=1e-3)
 
 
+def test_the_default_cuda_server_runs_a_worker_per_two_cpus(tiny_model, tmp_path):
+    from encoder_server.model.cpus import default_cuda_workers, usable_cpus
+    with running_server(tiny_model, "--device", "cuda", tmp_path=tmp_path) as server:
+        with server.client() as client:  # a tiny model: the GPU's memory holds every worker the CPUs call for
+            assert client.server_config["num_worker"] == default_cuda_workers(usable_cpus())
+            assert client.encode(TEXTS[:8]).shape[0] == 8
+        assert len(server.worker_pids()) == default_cuda_workers(usable_cpus())
+
+
 def test_kill_9_of_a_cuda_worker_under_load_loses_nothing(tiny_model, tmp_path, expected):
     texts = TEXTS * 20
     with running_server(tiny_model, "--device", "cuda", "--num-worker", "2", "--max-batch-size", "16",

@@ -69,6 +69,11 @@ def test_default_workers_stop_growing_past_the_cap():
     assert default_workers(64) == MAX_DEFAULT_WORKERS
 
 
+def test_cuda_workers_take_two_cpus_each_up_to_the_cap():
+    from encoder_server.model.cpus import default_cuda_workers
+    assert [default_cuda_workers(n) for n in (1, 2, 3, 4, 16, 64)] == [1, 1, 1, 2, 8, MAX_DEFAULT_WORKERS]
+
+
 def test_vnni_is_read_from_the_cpu_flags(tmp_path):
     from encoder_server.model.cpus import has_vnni
     from encoder_server.model.onnx_export import int8_recipe
