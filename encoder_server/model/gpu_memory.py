@@ -53,7 +53,7 @@ def workers_that_fit(gpu_bytes, per_worker_bytes, share=GPU_SHARE):
 
 def cuda_device_bytes():
     """The first visible CUDA device's memory in bytes, or None where torch is missing or sees no
-    device. Reading a device's properties starts no CUDA context in this process."""
+    device. Only the device's properties are read: the launcher makes no tensor on the GPU."""
     try:
         import torch
         return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
