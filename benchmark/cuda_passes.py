@@ -3,6 +3,11 @@ fp16, with SDPA or eager attention, sequence lengths as planned or padded to a m
 per second after two warm-up rounds over the same shapes, median of 5. Each pass's rows are copied
 back to the host, as the worker does.
 
+Then, with SDPA, passes of shapes the model has not yet seen (each pass one to three columns wider
+than in any earlier round), with torch's cuDNN attention allowed and not: a server's passes rarely
+repeat a shape, and cuDNN's attention builds a plan for each new one (encoder_server.model.
+torch_backend.without_per_shape_attention_plans).
+
     DEVICE=cuda python -m benchmark.cuda_passes MODEL_FOLDER
 
 Measured on an H200 on 2026-11-27 with the bundled model: README, "Not yet".
@@ -28,33 +33,44 @@ COUNT = int(os.environ.get("COUNT", 4096))
 
 
 def padded_to_8(inputs):
-    width = -(-inputs.input_ids.shape[1] // 8) * 8
+    return widened(inputs, -(-inputs.input_ids.shape[1] // 8) * 8 - inputs.input_ids.shape[1])
 
+
+def widened(inputs, columns):
+    """The same pass with `columns` more of padding."""
     def grow(array):
-        return np.pad(array, ((0, 0), (0, width - array.shape[1])))
+        return np.pad(array, ((0, 0), (0, columns)))
     return Pass(grow(inputs.input_ids), grow(inputs.attention_mask), grow(inputs.pool_mask),
                 grow(inputs.token_type_ids))
 
 
-def texts_per_second(model, passes, count):
-    def run():
-        with torch.inference_mode():
-            for inputs in passes:
-                model(*(torch.from_numpy(getattr(inputs, name)).to(DEVICE) for name in model.input_names)).float().cpu()
+def run(model, passes):
+    with torch.inference_mode():
+        for inputs in passes:
+            model(*(torch.from_numpy(getattr(inputs, name)).to(DEVICE) for name in model.input_names)).float().cpu()
 
-    def synchronize():
-        if DEVICE == "cuda":
-            torch.cuda.synchronize()
-    run()
-    run()
-    times = []
-    for _ in range(5):
-        synchronize()
-        started = time.perf_counter()
-        run()
-        synchronize()
-        times.append(time.perf_counter() - started)
-    return round(count / statistics.median(times))
+
+def seconds(model, passes):
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    run(model, passes)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def texts_per_second(model, passes, count):
+    run(model, passes)
+    run(model, passes)
+    return round(count / statistics.median(seconds(model, passes) for _ in range(5)))
+
+
+def unseen_shapes_texts_per_second(model, passes, count, rounds=3):
+    """Texts/s over passes each of a width this model has not run yet, after a warm-up on others."""
+    run(model, passes)
+    return round(count / statistics.median(seconds(model, [widened(inputs, step) for inputs in passes])
+                                           for step in range(1, rounds + 1)))
 
 
 def main():
@@ -74,7 +90,24 @@ def main():
                     key = f"{kind} {'fp16' if fp16 else 'fp32'} {attention} {'pad8' if padded else 'planned'}"
                     results[key] = texts_per_second(model, passes, len(texts))
                     print(key, results[key], "texts/s,", len(passes), "passes", flush=True)
+            if DEVICE == "cuda":
+                results.update(unseen_shapes(kind, fp16, spec, planned, len(texts)))
     print(json.dumps(results, indent=1))
+
+
+def unseen_shapes(kind, fp16, spec, planned, count):
+    """SDPA on passes of unseen shapes, with torch's cuDNN attention allowed and not."""
+    model = load_model_module(spec, attention="sdpa").to(DEVICE)
+    if fp16:
+        model.model.half()
+    results = {}
+    for cudnn in (True, False):
+        torch.backends.cuda.enable_cudnn_sdp(cudnn)
+        key = f"{kind} {'fp16' if fp16 else 'fp32'} sdpa unseen shapes, cudnn attention {'on' if cudnn else 'off'}"
+        results[key] = unseen_shapes_texts_per_second(model, planned, count)
+        print(key, results[key], "texts/s", flush=True)
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    return results
 
 
 if __name__ == "__main__":

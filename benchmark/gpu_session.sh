@@ -3,7 +3,8 @@
 # `python -m benchmark.device_kit pack` made here, then the steps named (default: the first three):
 #
 #   tests     the CUDA tests (tests/cuda)
-#   passes    the model alone on the service's passes: fp32 and fp16, SDPA and eager attention
+#   passes    the model alone on the service's passes: fp32 and fp16, SDPA and eager attention, and
+#             passes of unseen shapes with and without cuDNN attention (the fp16 slowdown's suspect)
 #   scenario  the `gpu` benchmark scenario: the service against sentence-transformers on the device
 #   sweep     the service at 1, 2, 4 and 8 workers, fp32 and fp16 (benchmark/gpu_sweep.py): goals 1, 2
 #
@@ -37,9 +38,9 @@ step() {  # step NAME SECONDS COMMAND...: its output to $OUT/NAME.log, its last 
 }
 for name in $STEPS; do
     case $name in
-        tests) step cuda-tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/cuda ;;
-        passes) DEVICE=cuda step cuda-passes 90 "$PYTHON" -m benchmark.cuda_passes "$MODEL" ;;
-        scenario) step gpu-scenario 270 "$PYTHON" -m benchmark.run --only gpu --repeats 1 --model "$MODEL" \
+        tests) step cuda-tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/cuda ;;
+        passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" ;;
+        scenario) step gpu-scenario 240 "$PYTHON" -m benchmark.run --only gpu --repeats 1 --model "$MODEL" \
                       --out "$OUT/gpu" ;;
         sweep) step gpu-sweep 540 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --out "$OUT/gpu-sweep.json" ;;
         *) echo "unknown step $name (tests, passes, scenario, sweep)"; exit 2 ;;

@@ -9,6 +9,8 @@ class TorchBackend:
         if spec.device == "cpu":
             torch.set_num_threads(spec.threads_per_worker)
         self.device = torch.device(spec.device)
+        if self.device.type == "cuda":
+            without_per_shape_attention_plans()
         model = load_model_module(spec).to(self.device)
         if spec.fp16:
             model.model.half()  # the encoder only: pooling and the head stay float32
@@ -21,3 +23,13 @@ class TorchBackend:
 
     def _tensor(self, array):
         return torch.from_numpy(array).to(self.device, non_blocking=True)
+
+
+def without_per_shape_attention_plans():
+    """Keep torch's attention off cuDNN's kernel in this process. Recent torch prefers it for fp16 and
+    bf16 on Hopper and Blackwell GPUs, where it builds an execution plan for each new shape of its
+    inputs (0.4 s each, as others measured it); a server's passes, of every row count and length,
+    rarely repeat a shape. fp32 never runs on it, which would explain why only --fp16 was slow on an
+    H200 (issue 31; benchmark/cuda_passes.py measures passes of unseen shapes with and without it).
+    Memory-efficient attention serves instead and needs no plan."""
+    torch.backends.cuda.enable_cudnn_sdp(False)

@@ -40,6 +40,14 @@ def test_cuda_rows_match_the_reference_and_the_server_stops_clean(tiny_model, tm
         np.testing.assert_allclose(rows, expected, atol=1e-4, rtol=1e-3)
 
 
+def test_a_torch_cuda_worker_keeps_attention_off_cudnn_whose_plans_are_per_shape(tiny_model):
+    from encoder_server.model.spec import ModelSpec, resolve_spec
+    from encoder_server.model.torch_backend import TorchBackend
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    TorchBackend(resolve_spec(ModelSpec(model=str(tiny_model), device="cuda", fp16=True)))
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+
+
 def test_the_default_cuda_server_runs_a_worker_per_two_cpus(tiny_model, tmp_path):
     from encoder_server.model.cpus import default_cuda_workers, usable_cpus
     with running_server(tiny_model, "--device", "cuda", tmp_path=tmp_path) as server:
