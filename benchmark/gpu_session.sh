@@ -38,8 +38,8 @@ step() {  # step NAME SECONDS COMMAND...: its output to $OUT/NAME.log, its last 
 }
 for name in $STEPS; do
     case $name in
-        tests) step cuda-tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/cuda ;;
-        passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" ;;
+        tests) step cuda-tests 170 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/cuda ;;
+        passes) DEVICE=cuda step cuda-passes 140 "$PYTHON" -m benchmark.cuda_passes "$MODEL" ;;
         scenario) step gpu-scenario 240 "$PYTHON" -m benchmark.run --only gpu --repeats 1 --model "$MODEL" \
                       --out "$OUT/gpu" ;;
         sweep) step gpu-sweep 540 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --out "$OUT/gpu-sweep.json" ;;
