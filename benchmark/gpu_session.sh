@@ -7,6 +7,7 @@
 #             passes of unseen shapes with and without cuDNN attention (the fp16 slowdown's suspect)
 #   scenario  the `gpu` benchmark scenario: the service against sentence-transformers on the device
 #   sweep     the service at 1, 2, 4 and 8 workers, fp32 and fp16 (benchmark/gpu_sweep.py): goals 1, 2
+#   precision the model's rows in fp16 and bf16 against fp32 on the GPU (benchmark/half_precision.py)
 #
 #   device run, carry [".device"], timeout_s 600:  bash benchmark/gpu_session.sh
 #   and a second call:                             bash benchmark/gpu_session.sh sweep
@@ -43,6 +44,7 @@ for name in $STEPS; do
         scenario) step gpu-scenario 240 "$PYTHON" -m benchmark.run --only gpu --repeats 1 --model "$MODEL" \
                       --out "$OUT/gpu" ;;
         sweep) step gpu-sweep 540 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --out "$OUT/gpu-sweep.json" ;;
-        *) echo "unknown step $name (tests, passes, scenario, sweep)"; exit 2 ;;
+        precision) DEVICE=cuda step half-precision 60 "$PYTHON" -m benchmark.half_precision "$MODEL" ;;
+        *) echo "unknown step $name (tests, passes, scenario, sweep, precision)"; exit 2 ;;
     esac
 done
