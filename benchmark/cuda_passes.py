@@ -8,14 +8,14 @@ than in any earlier round), with torch's cuDNN attention allowed and not: a serv
 repeat a shape, and cuDNN's attention builds a plan for each new one (encoder_server.model.
 torch_backend.without_per_shape_attention_plans).
 
-    DEVICE=cuda python -m benchmark.cuda_passes MODEL_FOLDER
+    DEVICE=cuda python -m benchmark.cuda_passes MODEL_FOLDER [--count 4096] [--unseen-only]
 
 Measured on an H200 on 2026-11-27 with the bundled model: README, "Not yet".
 """
+import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -29,7 +29,7 @@ from encoder_server.model.tokenizer import Tokenizer
 from .corpus import texts as corpus
 
 DEVICE = os.environ.get("DEVICE", "cuda")
-COUNT = int(os.environ.get("COUNT", 4096))
+COUNT = 4096
 
 
 def padded_to_8(inputs):
@@ -73,39 +73,55 @@ def unseen_shapes_texts_per_second(model, passes, count, rounds=3):
                                            for step in range(1, rounds + 1)))
 
 
-def main():
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--count", type=int, default=COUNT, help="texts of each kind")
+    parser.add_argument("--unseen-only", action="store_true", help="only the passes of unseen shapes")
+    args = parser.parse_args(argv)
     results = {}
     for kind in ("short", "medium"):
-        texts = corpus(kind, COUNT, seed=5)
+        texts = corpus(kind, args.count, seed=5)
         for fp16 in (False, True):
-            spec = resolve_spec(ModelSpec(model=sys.argv[1], device=DEVICE, fp16=fp16 and DEVICE == "cuda"))
+            spec = resolve_spec(ModelSpec(model=args.model, device=DEVICE, fp16=fp16 and DEVICE == "cuda"))
             planned = [inputs for _, inputs in plan_passes(Tokenizer.for_spec(spec).tokenize(texts),
                                                            spec.max_batch_tokens, 256)]
-            for attention in ("sdpa", "eager"):
-                model = load_model_module(spec, attention=attention).to(DEVICE)
-                if fp16 and DEVICE == "cuda":
-                    model.model.half()
-                for padded in (False, True):
-                    passes = [padded_to_8(inputs) for inputs in planned] if padded else planned
-                    key = f"{kind} {'fp16' if fp16 else 'fp32'} {attention} {'pad8' if padded else 'planned'}"
-                    results[key] = texts_per_second(model, passes, len(texts))
-                    print(key, results[key], "texts/s,", len(passes), "passes", flush=True)
+            if not args.unseen_only:
+                results.update(warmed_up(kind, fp16, spec, planned, len(texts)))
             if DEVICE == "cuda":
                 results.update(unseen_shapes(kind, fp16, spec, planned, len(texts)))
     print(json.dumps(results, indent=1))
 
 
+def loaded(spec, attention):
+    model = load_model_module(spec, attention=attention).to(DEVICE)
+    if spec.fp16:
+        model.model.half()
+    return model
+
+
+def warmed_up(kind, fp16, spec, planned, count):
+    """SDPA and eager attention on the planned passes, as planned and padded to a multiple of 8."""
+    results = {}
+    for attention in ("sdpa", "eager"):
+        model = loaded(spec, attention)
+        for padded in (False, True):
+            passes = [padded_to_8(inputs) for inputs in planned] if padded else planned
+            key = f"{kind} {'fp16' if fp16 else 'fp32'} {attention} {'pad8' if padded else 'planned'}"
+            results[key] = texts_per_second(model, passes, count)
+            print(key, results[key], "texts/s,", len(passes), "passes", flush=True)
+    return results
+
+
 def unseen_shapes(kind, fp16, spec, planned, count):
     """SDPA on passes of unseen shapes, with torch's cuDNN attention allowed and not."""
-    model = load_model_module(spec, attention="sdpa").to(DEVICE)
-    if fp16:
-        model.model.half()
+    model = loaded(spec, "sdpa")
     results = {}
     for cudnn in (True, False):
         torch.backends.cuda.enable_cudnn_sdp(cudnn)
         key = f"{kind} {'fp16' if fp16 else 'fp32'} sdpa unseen shapes, cudnn attention {'on' if cudnn else 'off'}"
         results[key] = unseen_shapes_texts_per_second(model, planned, count)
-        print(key, results[key], "texts/s", flush=True)
+        print(key, results[key], "texts/s,", len(planned), "passes", flush=True)
     torch.backends.cuda.enable_cudnn_sdp(True)
     return results
 

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Prepared runs on a lent GPU machine, each within one device call's 10 minutes: unpack the kit that
-# `python -m benchmark.device_kit pack` made here, then the steps named (default: the first three):
+# Prepared runs on a lent GPU machine, within one device call's 10 minutes: unpack the kit that
+# `python -m benchmark.device_kit pack` made here, then the steps named (default: tests unseen sweep,
+# which fit one call; a session has 15 minutes of device time, the machine's start included):
 #
 #   tests     the CUDA tests (tests/cuda)
-#   passes    the model alone on the service's passes: fp32 and fp16, SDPA and eager attention, and
-#             passes of unseen shapes with and without cuDNN attention (the fp16 slowdown's suspect)
+#   unseen    the model alone on passes of shapes it has not met, with and without cuDNN attention
+#             (the fp16 slowdown's suspect; benchmark/cuda_passes.py --unseen-only)
+#   sweep     the service at 1, 4 and 8 workers in fp32 and fp16, and sentence-transformers in
+#             process, under the issue's loads (benchmark/gpu_sweep.py): goals 1, 2 and 4
+#   passes    the model alone on the service's passes, warmed up: fp32 and fp16, SDPA and eager
 #   scenario  the `gpu` benchmark scenario: the service against sentence-transformers on the device
-#   sweep     the service at 1, 2, 4 and 8 workers, fp32 and fp16 (benchmark/gpu_sweep.py): goals 1, 2
 #   precision the model's rows in fp16 and bf16 against fp32 on the GPU (benchmark/half_precision.py)
 #
 #   device run, carry [".device"], timeout_s 600:  bash benchmark/gpu_session.sh
-#   and a second call:                             bash benchmark/gpu_session.sh sweep
+#   a second call, if device time is left:         bash benchmark/gpu_session.sh precision passes
 #
 # Everything it prints and writes lands in $OUT, at most six files (the device tool brings back
 # eight). PYTHON names another interpreter (the GPU machines' python3 holds torch); a step that runs
@@ -20,7 +23,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-/tmp/gpu-session}
 KIT=${KIT:-.device}
-STEPS=${*:-tests passes scenario}
+STEPS=${*:-tests unseen sweep}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 "$PYTHON" -m benchmark.device_kit unpack "$KIT" > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
@@ -39,12 +42,13 @@ step() {  # step NAME SECONDS COMMAND...: its output to $OUT/NAME.log, its last 
 }
 for name in $STEPS; do
     case $name in
-        tests) step cuda-tests 170 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/cuda ;;
-        passes) DEVICE=cuda step cuda-passes 140 "$PYTHON" -m benchmark.cuda_passes "$MODEL" ;;
+        tests) step cuda-tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/cuda ;;
+        unseen) DEVICE=cuda step unseen-shapes 90 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --unseen-only --count 1024 ;;
+        passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" ;;
         scenario) step gpu-scenario 240 "$PYTHON" -m benchmark.run --only gpu --repeats 1 --model "$MODEL" \
                       --out "$OUT/gpu" ;;
-        sweep) step gpu-sweep 540 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --out "$OUT/gpu-sweep.json" ;;
+        sweep) step gpu-sweep 300 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --out "$OUT/gpu-sweep.json" ;;
         precision) DEVICE=cuda step half-precision 60 "$PYTHON" -m benchmark.half_precision "$MODEL" ;;
-        *) echo "unknown step $name (tests, passes, scenario, sweep, precision)"; exit 2 ;;
+        *) echo "unknown step $name (tests, unseen, sweep, passes, scenario, precision)"; exit 2 ;;
     esac
 done

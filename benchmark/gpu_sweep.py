@@ -1,14 +1,18 @@
-"""The service on a CUDA device across worker counts and precisions, for issue 31's goals 1 (fp16
-faster than fp32) and 2 (a default within 90% of the best configuration), in one device call:
+"""The service on a CUDA device across worker counts and precisions, against sentence-transformers
+in-process on the same device, for issue 31's goals 1 (fp16 faster than fp32), 2 (a default within
+90% of the best configuration) and 4 (30,000 short texts/s, 2x sentence-transformers, batch-1 p50
+of 3 ms), in one device call:
 
-    python -m benchmark.gpu_sweep MODEL [--workers 1 2 4 8] [--seconds 5] [--repeats 1] [--out FILE]
+    python -m benchmark.gpu_sweep MODEL [--workers 1 4 8] [--seconds 5] [--repeats 1] [--out FILE]
 
 Each configuration is one server (`--device cuda --num-worker N`, with and without `--fp16`) under
-three loads: 32 closed-loop clients sending 32 short texts, one client sending 2,000 medium texts
-in requests of 256, and one client sending 200 short texts one at a time (its p50 is the batch-1
-latency). A row per configuration and load, printed as it is measured (JSON lines), and with
---out all rows with the device's name. DEVICE=cpu runs the same on the CPU, fp32 only: a check of
-the machinery.
+the loads of the issue's table: 32 closed-loop clients sending 32 short texts; one client sending
+20,000 short texts, then 4,000 medium ones, in requests of 256; one client sending 200 short texts
+one at a time (its p50 is the batch-1 latency). sentence-transformers (fp32 and fp16, batch 256)
+takes the one-client lists. Each one-client list runs once as a warm-up first, so that every
+engine has met its shapes. A row per engine and load, printed as it is measured (JSON lines), and
+with --out all rows with the device's name. DEVICE=cpu runs the same on the CPU, fp32 only: a
+check of the machinery.
 """
 import argparse
 import json
@@ -24,27 +28,49 @@ from benchmark import corpus, engines, load  # noqa: E402
 DEVICE = os.environ.get("DEVICE", "cuda")
 
 
-def configurations(workers):
-    """(name, server flags) of every configuration: each worker count in fp32, and on cuda in fp16."""
-    precisions = [("fp32", ())] + ([("fp16", ("--fp16",))] if DEVICE == "cuda" else [])
-    return [(f"{count} worker{'s' if count > 1 else ''}, {precision}",
-             ("--device", DEVICE, "--num-worker", str(count), *flags))
-            for count in workers for precision, flags in precisions]
+def engines_to_run(model, workers, log_dir):
+    """(name, maker of the engine, whether it runs in this process) of every engine: the service at
+    each worker count in fp32, and on cuda in fp16; then sentence-transformers, batch 256, likewise."""
+    precisions = [False] + ([True] if DEVICE == "cuda" else [])
+    services = [(f"{count} worker{'s' if count > 1 else ''}, {_precision(fp16)}",
+                 ("--device", DEVICE, "--num-worker", str(count), *(("--fp16",) if fp16 else ())))
+                for count in workers for fp16 in precisions]
+    return [(name, lambda name=name, flags=flags: engines.Service(name, flags, model, log_dir), False)
+            for name, flags in services] + \
+        [(f"sentence-transformers, {_precision(fp16)}",
+          lambda fp16=fp16: engines.sentence_transformers(model, os.cpu_count(), DEVICE, 256, fp16), True)
+         for fp16 in precisions]
 
 
-def loads(seconds):
-    """(cell name, function of an engine giving one run's summary)."""
-    short, medium = corpus.texts("short", 2048), corpus.texts("medium", 2000)
-    return [("short, 32 clients x 32", lambda engine: load.closed_loop(engine, short, 32, 32, seconds, 0)),
-            ("medium, 1 client x 2000 in 256s", lambda engine: load.sequential(engine, medium, 256, 0)),
-            ("short, 1 client x 200 one at a time", lambda engine: load.sequential(engine, short[:200], 1, 0))]
+def _precision(fp16):
+    return "fp16" if fp16 else "fp32"
 
 
-def sweep(model, workers, seconds, repeats, log_dir):
+def cells(seconds, short_count=20_000, medium_count=4_000):
+    """(cell name, whether an in-process engine takes it, function of an engine giving one run's summary)."""
+    short, medium = corpus.texts("short", short_count), corpus.texts("medium", medium_count)
+
+    def closed_loop(engine):
+        return load.closed_loop(engine, short[:2048], 32, 32, seconds, 0)
+
+    def one_client(texts, batch):
+        def measure(engine):
+            load.sequential(engine, texts, batch, 0)  # the warm-up
+            return load.sequential(engine, texts, batch, 0)
+        return measure
+    return [("short, 32 clients x 32", False, closed_loop),
+            (f"short, 1 client x {short_count} in 256s", True, one_client(short, 256)),
+            (f"medium, 1 client x {medium_count} in 256s", True, one_client(medium, 256)),
+            ("short, 1 client x 200 one at a time", False, one_client(short[:200], 1))]
+
+
+def sweep(to_run, cells, repeats):
     rows = []
-    for name, flags in configurations(workers):
-        with engines.Service(name, flags, model, log_dir) as engine:
-            for cell, measure in loads(seconds):
+    for name, make, in_process in to_run:
+        with make() as engine:
+            for cell, for_in_process, measure in cells:
+                if in_process and not for_in_process:
+                    continue
                 summary = load.median_of([measure(engine) for _ in range(repeats)])
                 rows.append({"configuration": name, "cell": cell, "texts_per_s": summary["sentences_per_s"],
                              "p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"]})
@@ -60,13 +86,16 @@ def device_name():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--texts", type=int, nargs=2, default=[20_000, 4_000], metavar=("SHORT", "MEDIUM"),
+                        help="texts in the one-client lists")
     parser.add_argument("--out", help="a JSON file for every row")
     parser.add_argument("--log-dir", default="/tmp")
     args = parser.parse_args(argv)
-    rows = sweep(args.model, args.workers, args.seconds, args.repeats, args.log_dir)
+    rows = sweep(engines_to_run(args.model, args.workers, args.log_dir), cells(args.seconds, *args.texts),
+                 args.repeats)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": device_name(), "rows": rows}, indent=1))
     return 0

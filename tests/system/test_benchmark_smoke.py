@@ -47,13 +47,20 @@ def test_benchmark_smoke_run_writes_json_plots_and_table(tiny_model, tmp_path):
 
 
 def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path):
-    """benchmark/gpu_sweep.py, as DEVICE=cpu runs it (fp32 only): a row per configuration and load."""
+    """benchmark/gpu_sweep.py, as DEVICE=cpu runs it (fp32 only): a row per configuration and load, and
+    sentence-transformers on the one-client loads."""
     out = tmp_path / "sweep.json"
     result = subprocess.run([sys.executable, "-m", "benchmark.gpu_sweep", str(tiny_model), "--workers", "1", "2",
-                             "--seconds", "1", "--out", str(out), "--log-dir", str(tmp_path)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "DEVICE": "cpu"})
+                             "--seconds", "1", "--texts", "300", "100", "--out", str(out), "--log-dir", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "DEVICE": "cpu"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     sweep = json.loads(out.read_text())
     assert sweep["device"].startswith("cpu")
-    assert [row["configuration"] for row in sweep["rows"]] == ["1 worker, fp32"] * 3 + ["2 workers, fp32"] * 3
+    assert [(row["configuration"], row["cell"]) for row in sweep["rows"]][-6:] == [
+        ("2 workers, fp32", "short, 32 clients x 32"), ("2 workers, fp32", "short, 1 client x 300 in 256s"),
+        ("2 workers, fp32", "medium, 1 client x 100 in 256s"),
+        ("2 workers, fp32", "short, 1 client x 200 one at a time"),
+        ("sentence-transformers, fp32", "short, 1 client x 300 in 256s"),
+        ("sentence-transformers, fp32", "medium, 1 client x 100 in 256s")]
+    assert len(sweep["rows"]) == 10
     assert all(row["texts_per_s"] > 0 and row["p50_ms"] > 0 for row in sweep["rows"])
