@@ -83,6 +83,13 @@ def device_name():
     return torch.cuda.get_device_name(0) if DEVICE == "cuda" else f"cpu ({os.cpu_count()} cores)"
 
 
+def default_workers():
+    """The worker count a cuda server starts with here by default, for a model as small as the bundled
+    one (None on the CPU)."""
+    from encoder_server.model.cpus import default_cuda_workers, usable_cpus
+    return default_cuda_workers(usable_cpus()) if DEVICE == "cuda" else None
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
@@ -97,7 +104,8 @@ def main(argv=None):
     rows = sweep(engines_to_run(args.model, args.workers, args.log_dir), cells(args.seconds, *args.texts),
                  args.repeats)
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": device_name(), "rows": rows}, indent=1))
+        Path(args.out).write_text(json.dumps({"device": device_name(), "default_workers": default_workers(),
+                                              "rows": rows}, indent=1))
     return 0
 
 

@@ -55,7 +55,7 @@ def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path):
                             cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "DEVICE": "cpu"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     sweep = json.loads(out.read_text())
-    assert sweep["device"].startswith("cpu")
+    assert sweep["device"].startswith("cpu") and sweep["default_workers"] is None
     assert [(row["configuration"], row["cell"]) for row in sweep["rows"]][-6:] == [
         ("2 workers, fp32", "short, 32 clients x 32"), ("2 workers, fp32", "short, 1 client x 300 in 256s"),
         ("2 workers, fp32", "medium, 1 client x 100 in 256s"),
