@@ -9,7 +9,6 @@
 #   sweep     the service at 1, 4 and 8 workers in fp32 and fp16, and sentence-transformers in
 #             process, under the loads (benchmark/gpu_sweep.py): goals 1, 2 and 4
 #   passes    the model alone on the service's passes, warmed up: fp32 and fp16, SDPA and eager
-#   scenario  the `gpu` benchmark scenario: the service against sentence-transformers on the device
 #   precision the model's rows in fp16 and bf16 against fp32 on the GPU (benchmark/half_precision.py)
 #
 #   device run, carry [".device"], timeout_s 600:  bash benchmark/gpu_session.sh
@@ -45,10 +44,8 @@ for name in $STEPS; do
         tests) step cuda-tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/cuda ;;
         unseen) DEVICE=cuda step unseen-shapes 90 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --unseen-only --count 1024 ;;
         passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" ;;
-        scenario) step gpu-scenario 240 "$PYTHON" -m benchmark.run --only gpu --repeats 1 --model "$MODEL" \
-                      --out "$OUT/gpu" ;;
         sweep) step gpu-sweep 300 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --out "$OUT/gpu-sweep.json" ;;
         precision) DEVICE=cuda step half-precision 60 "$PYTHON" -m benchmark.half_precision "$MODEL" ;;
-        *) echo "unknown step $name (tests, unseen, sweep, passes, scenario, precision)"; exit 2 ;;
+        *) echo "unknown step $name (tests, unseen, sweep, passes, precision)"; exit 2 ;;
     esac
 done

@@ -80,7 +80,8 @@ def sweep(to_run, cells, repeats):
 
 def device_name():
     import torch
-    return torch.cuda.get_device_name(0) if DEVICE == "cuda" else f"cpu ({os.cpu_count()} cores)"
+    return (f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}" if DEVICE == "cuda"
+            else f"cpu ({os.cpu_count()} cores)")
 
 
 def default_workers():
@@ -88,6 +89,12 @@ def default_workers():
     one (None on the CPU)."""
     from encoder_server.model.cpus import default_cuda_workers, usable_cpus
     return default_cuda_workers(usable_cpus()) if DEVICE == "cuda" else None
+
+
+def measure(model, workers, seconds=5.0, repeats=1, texts=(20_000, 4_000), log_dir="/tmp"):
+    """The whole sweep: what --out writes."""
+    rows = sweep(engines_to_run(model, workers, log_dir), cells(seconds, *texts), repeats)
+    return {"device": device_name(), "default_workers": default_workers(), "rows": rows}
 
 
 def main(argv=None):
@@ -101,11 +108,9 @@ def main(argv=None):
     parser.add_argument("--out", help="a JSON file for every row")
     parser.add_argument("--log-dir", default="/tmp")
     args = parser.parse_args(argv)
-    rows = sweep(engines_to_run(args.model, args.workers, args.log_dir), cells(args.seconds, *args.texts),
-                 args.repeats)
+    result = measure(args.model, args.workers, args.seconds, args.repeats, args.texts, args.log_dir)
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": device_name(), "default_workers": default_workers(),
-                                              "rows": rows}, indent=1))
+        Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 
 

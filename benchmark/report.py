@@ -156,10 +156,11 @@ def _gpu_table(gpu):
         return lines + [f"Not measured in these results ({why}): `python -m benchmark.run --only gpu` on a host with "
                         "a CUDA device adds this table. The CUDA paths have run on an H200: correct, but slower than "
                         "they should be (issue 31; figures in the shared MEASURED.md).", ""]
-    lines += [f"{gpu['device']}, torch {gpu['torch']}: the service against sentence-transformers in-process on the "
-              "same device (batch 256).", "", "| engine | cell | texts/s | p50 ms | p95 ms |", "|---|---|---|---|---|"]
-    lines += [f"| {row['engine']} | {row['cell']} | {row['sentences_per_s']:,.0f} | {row['p50_ms']} | {row['p95_ms']} |"
-              for row in gpu["rows"]]
+    lines += [f"{gpu['device']}: the service (a worker per two CPUs by default here: {gpu['default_workers']}) against "
+              "sentence-transformers in-process on the same device (batch 256), `benchmark/gpu_sweep.py`.", "",
+              "| engine | cell | texts/s | p50 ms | p99 ms |", "|---|---|---|---|---|"]
+    lines += [f"| {row['configuration']} | {row['cell']} | {row['texts_per_s']:,.0f} | {row['p50_ms']} | "
+              f"{row['p99_ms']} |" for row in gpu["rows"]]
     return lines + [""]
 
 

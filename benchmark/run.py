@@ -304,39 +304,16 @@ class Suite:
                                 log_dir=self.log_dir)
 
     def gpu(self):
-        """On a CUDA device: the service (its defaults on cuda, more workers, fp16) against
-        sentence-transformers in-process on the same device, short and medium texts from one client
-        and short ones from 32, and one-text latency. Skipped, saying why, where torch sees no GPU."""
+        """On a CUDA device: benchmark/gpu_sweep.py at 4 workers and at the default count, fp32 and
+        fp16, against sentence-transformers in-process on the same device. Skipped, saying why, where
+        torch sees no GPU."""
         import torch
         if not torch.cuda.is_available():
             return {"skipped": "torch sees no CUDA device"}
-        kinds = [kind for kind in ("short", "medium") if kind in self.plan.kinds]
-        count = 20_000 if self.plan.sentence_transformers else 256
-        rows = []
-        servers = [("service (cuda, defaults)", ()), ("service (cuda, 4 workers)", ("--num-worker", "4")),
-                   ("service (cuda, fp16)", ("--fp16",))]
-        makers = [lambda: engines.sentence_transformers(self.model, _cores(), "cuda", batch_size=256),
-                  lambda: engines.sentence_transformers(self.model, _cores(), "cuda", batch_size=256, fp16=True),
-                  *(lambda name=name, flags=flags: self.service(name, "--device", "cuda", *flags)
-                    for name, flags in servers)]
-        for make in makers:
-            with make() as engine:
-                for kind in kinds:
-                    texts = corpus.texts(kind, count // (1 if kind == "short" else 5))
-                    runs = [load.sequential(engine, texts, 256, self.tokens[kind]) for _ in range(self.plan.repeats)]
-                    rows.append({"engine": engine.name, "cell": f"{kind}, 1 client x {len(texts)}",
-                                 **load.median_of(runs)})
-                    _progress(rows[-1])
-                if isinstance(engine, engines.Service):
-                    short = corpus.texts("short", 2048)
-                    runs = [load.closed_loop(engine, short, 32, 32, self.plan.window_s, self.tokens["short"])
-                            for _ in range(self.plan.repeats)]
-                    rows.append({"engine": engine.name, "cell": "short, 32 clients x 32", **load.median_of(runs)})
-                    runs = [load.sequential(engine, short[:self.plan.single_requests * 4], 1, self.tokens["short"])
-                            for _ in range(self.plan.repeats)]
-                    rows.append({"engine": engine.name, "cell": "short, batch 1", **load.median_of(runs)})
-                    _progress(rows[-1])
-        return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}
+        from benchmark import gpu_sweep
+        texts = (20_000, 4_000) if self.plan.sentence_transformers else (256, 64)
+        return gpu_sweep.measure(self.model, sorted({4, gpu_sweep.default_workers()}), self.plan.window_s,
+                                 self.plan.repeats, texts, self.log_dir)
 
     def ceiling(self):
         """This CPU's fp32 and int8 matrix-product throughput on the model's shapes (benchmark/ceiling.py)."""

@@ -64,3 +64,6 @@ def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path):
         ("sentence-transformers, fp32", "medium, 1 client x 100 in 256s")]
     assert len(sweep["rows"]) == 10
     assert all(row["texts_per_s"] > 0 and row["p50_ms"] > 0 for row in sweep["rows"])
+    from benchmark.report import _gpu_table  # the `gpu` scenario's table in RESULTS.md, from the same rows
+    table = "\n".join(_gpu_table(sweep))
+    assert "| 2 workers, fp32 | short, 32 clients x 32 |" in table and "| sentence-transformers, fp32 |" in table
