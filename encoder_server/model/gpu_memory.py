@@ -8,6 +8,8 @@ overrides them.
 import math
 from pathlib import Path
 
+from .model_folder import ConfigError
+
 # a CUDA context with torch's kernels loaded takes 300 to 600 MiB on recent GPUs
 CONTEXT_BYTES = 600 << 20
 # the part of the GPU's memory the default workers may plan on: the rest is left to the caching
@@ -40,9 +42,12 @@ def parameter_count(folder):
 
 
 def _tensor_numbers(file):
-    from safetensors import safe_open
-    with safe_open(file, "np") as weights:
-        return sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
+    from safetensors import SafetensorError, safe_open
+    try:
+        with safe_open(file, "np") as weights:
+            return sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
+    except (SafetensorError, OSError) as error:
+        raise ConfigError(f"{file}: not readable as safetensors ({error})") from None
 
 
 def workers_that_fit(gpu_bytes, per_worker_bytes, share=GPU_SHARE):

@@ -35,6 +35,13 @@ def test_a_safetensors_file_in_fp16_counts_its_numbers_not_its_bytes(tiny_bert, 
     assert parameter_count(tmp_path) == tiny_bert.num_parameters()
 
 
+def test_weights_that_are_no_safetensors_are_a_start_up_error_that_names_the_file(tmp_path):
+    from encoder_server.model.model_folder import ConfigError
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 100)
+    with pytest.raises(ConfigError, match="model.safetensors: not readable as safetensors"):
+        parameter_count(tmp_path)
+
+
 def big_model_folder(root, hidden=4096, layers=32, parameters=7_000_000_000):
     """A 7B-sized encoder's folder: its config and a sparse fp16 safetensors file of that many numbers,
     which takes no disk."""
