@@ -15,9 +15,9 @@ CONTEXT_BYTES = 600 << 20
 # the part of the GPU's memory the default workers may plan on: the rest is left to the caching
 # allocator's spare blocks, the pass that is larger than planned, and other programs on the GPU
 GPU_SHARE = 0.5
-# the activations one layer of a pass keeps per token, in multiples of the hidden width: the
-# hidden states of every layer (pooling may read any), the feed-forward layer's 4x wide
-# intermediate and the attention's queries, keys and values
+# per token, in hidden widths, beside the hidden state kept from every layer (pooling may read any):
+# the working set of the layer being computed, its 4x wide feed-forward intermediate and the
+# attention output beside it
 _KEPT_WIDTHS_PER_TOKEN = 5
 _HEAD_WIDTH = 64  # BERT-family models give each attention head 64 of the hidden width
 
