@@ -10,9 +10,10 @@
 #             process, under the issue's loads (benchmark/gpu_sweep.py): goals 1, 2 and 4
 #   passes    the model alone on the service's passes, warmed up: fp32 and fp16, SDPA and eager
 #   precision the model's rows in fp16 and bf16 against fp32 on the GPU (benchmark/half_precision.py)
+#   pipeline  the server's own ceiling on the zero backend, on the host's 16 cores, clients in 8 processes
 #
 #   device run, carry [".device"], timeout_s 600:  bash benchmark/gpu_session.sh
-#   a second call, if device time is left:         bash benchmark/gpu_session.sh precision passes
+#   a second call, if device time is left:         bash benchmark/gpu_session.sh precision pipeline passes
 #
 # Everything it prints and writes lands in $OUT, at most six files (the device tool brings back
 # eight). PYTHON names another interpreter (the GPU machines' python3 holds torch); a step that runs
@@ -46,6 +47,8 @@ for name in $STEPS; do
         passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" ;;
         sweep) step gpu-sweep 300 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --out "$OUT/gpu-sweep.json" ;;
         precision) DEVICE=cuda step half-precision 60 "$PYTHON" -m benchmark.half_precision "$MODEL" ;;
-        *) echo "unknown step $name (tests, unseen, sweep, passes, precision)"; exit 2 ;;
+        pipeline) step pipeline 120 "$PYTHON" -m benchmark.pipeline --model "$MODEL" --seconds 5 --repeats 1 \
+                      --loaders 8 --out "$OUT/pipeline.json" ;;
+        *) echo "unknown step $name (tests, unseen, sweep, passes, precision, pipeline)"; exit 2 ;;
     esac
 done
