@@ -26,10 +26,11 @@ class TorchBackend:
 
 
 def without_per_shape_attention_plans():
-    """Keep torch's attention off cuDNN's kernel in this process. Recent torch prefers it for fp16 and
-    bf16 on Hopper and Blackwell GPUs, where it builds an execution plan for each new shape of its
-    inputs (0.4 s each, as others measured it); a server's passes, of every row count and length,
-    rarely repeat a shape. fp32 never runs on it, which would explain why only --fp16 was slow on an
-    H200 (issue 31; benchmark/cuda_passes.py measures passes of unseen shapes with and without it).
-    Memory-efficient attention serves instead and needs no plan."""
+    """Keep torch's attention off cuDNN's kernel in this process. Recent torch puts it first for fp16
+    and bf16 on sm90 and sm100 GPUs (H100, H200, B200), and it builds an execution graph for each
+    new shape of its inputs, cached by batch and length: tens of ms of host time each on an sm90 in
+    others' measurements, 0.4 s on an sm100. A server's passes, of every row count and length,
+    rarely repeat a shape. fp32 never runs on that kernel, which would explain why only --fp16 was
+    slow on an H200 (issue 31; benchmark/cuda_passes.py measures passes of unseen shapes with and
+    without it). Memory-efficient attention serves instead and needs no plan."""
     torch.backends.cuda.enable_cudnn_sdp(False)
