@@ -64,11 +64,12 @@ def cells(seconds, short_count=20_000, medium_count=4_000):
             ("short, 1 client x 200 one at a time", False, one_client(short[:200], 1))]
 
 
-def sweep(to_run, cells, repeats):
+def sweep(to_run, loads, repeats):
+    """A row per engine of `to_run` and cell of `loads` that it takes, each the median of `repeats` runs."""
     rows = []
     for name, make, in_process in to_run:
         with make() as engine:
-            for cell, for_in_process, measure in cells:
+            for cell, for_in_process, measure in loads:
                 if in_process and not for_in_process:
                     continue
                 summary = load.median_of([measure(engine) for _ in range(repeats)])
