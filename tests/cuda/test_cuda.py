@@ -44,8 +44,11 @@ def test_a_torch_cuda_worker_keeps_attention_off_cudnn_whose_plans_are_per_shape
     from encoder_server.model.spec import ModelSpec, resolve_spec
     from encoder_server.model.torch_backend import TorchBackend
     torch.backends.cuda.enable_cudnn_sdp(True)
-    TorchBackend(resolve_spec(ModelSpec(model=str(tiny_model), device="cuda", fp16=True)))
-    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        TorchBackend(resolve_spec(ModelSpec(model=str(tiny_model), device="cuda", fp16=True)))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)  # torch's default, for the tests after this one
 
 
 def test_the_default_cuda_server_runs_a_worker_per_two_cpus(tiny_model, tmp_path):
