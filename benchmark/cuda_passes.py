@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from encoder_server.model.passes import Pass, plan_passes
-from encoder_server.model.pooled_model import load_model_module
 from encoder_server.model.spec import ModelSpec, resolve_spec
 from encoder_server.model.tokenizer import Tokenizer
+from encoder_server.model.torch_backend import load_on_device
 
 from .corpus import texts as corpus
 
@@ -93,18 +93,11 @@ def main(argv=None):
     print(json.dumps(results, indent=1))
 
 
-def loaded(spec, attention):
-    model = load_model_module(spec, attention=attention).to(DEVICE)
-    if spec.fp16:
-        model.model.half()
-    return model
-
-
 def warmed_up(kind, fp16, spec, planned, count):
     """SDPA and eager attention on the planned passes, as planned and padded to a multiple of 8."""
     results = {}
     for attention in ("sdpa", "eager"):
-        model = loaded(spec, attention)
+        model = load_on_device(spec, attention)
         for padded in (False, True):
             passes = [padded_to_8(inputs) for inputs in planned] if padded else planned
             key = f"{kind} {'fp16' if fp16 else 'fp32'} {attention} {'pad8' if padded else 'planned'}"
@@ -115,7 +108,7 @@ def warmed_up(kind, fp16, spec, planned, count):
 
 def unseen_shapes(kind, fp16, spec, planned, count):
     """SDPA on passes of unseen shapes, with torch's cuDNN attention allowed and not."""
-    model = loaded(spec, "sdpa")
+    model = load_on_device(spec, "sdpa")
     results = {}
     for cudnn in (True, False):
         torch.backends.cuda.enable_cudnn_sdp(cudnn)

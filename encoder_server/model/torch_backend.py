@@ -11,10 +11,7 @@ class TorchBackend:
         self.device = torch.device(spec.device)
         if self.device.type == "cuda":
             without_per_shape_attention_plans()
-        model = load_model_module(spec).to(self.device)
-        if spec.fp16:
-            model.model.half()  # the encoder only: pooling and the head stay float32
-        self.model = model
+        self.model = load_on_device(spec)
 
     def run(self, inputs):
         with torch.inference_mode():
@@ -23,6 +20,15 @@ class TorchBackend:
 
     def _tensor(self, array):
         return torch.from_numpy(array).to(self.device, non_blocking=True)
+
+
+def load_on_device(spec, attention=None):
+    """The model's torch module on spec.device, its encoder halved with --fp16 (pooling and the head
+    stay float32); `attention` as load_model_module takes it."""
+    model = load_model_module(spec, attention=attention).to(spec.device)
+    if spec.fp16:
+        model.model.half()
+    return model
 
 
 def without_per_shape_attention_plans():
