@@ -3,10 +3,10 @@ fp16, with SDPA or eager attention, sequence lengths as planned or padded to a m
 per second after two warm-up rounds over the same shapes, median of 5. Each pass's rows are copied
 back to the host, as the worker does.
 
-Then, with SDPA, passes of shapes the model has not yet seen (each pass one to three columns wider
-than in any earlier round), with torch's cuDNN attention allowed and not: a server's passes rarely
-repeat a shape, and cuDNN's attention builds a plan for each new one (encoder_server.model.
-torch_backend.without_per_shape_attention_plans).
+Then passes of shapes the model has not yet seen (each pass one to three columns wider than in any
+earlier round), with SDPA (torch's cuDNN attention allowed and not) and with eager attention: a
+server's passes rarely repeat a shape, and cuDNN's attention builds a plan for each new one
+(encoder_server.model.torch_backend.without_per_shape_attention_plans).
 
     DEVICE=cuda python -m benchmark.cuda_passes MODEL_FOLDER [--count 4096] [--unseen-only]
 
@@ -107,17 +107,18 @@ def warmed_up(kind, fp16, spec, planned, count):
 
 
 def unseen_shapes(kind, fp16, spec, planned, count):
-    """SDPA on passes of unseen shapes, with torch's cuDNN attention allowed and not."""
-    model = load_on_device(spec, "sdpa")
+    """Passes of unseen shapes with SDPA, torch's cuDNN attention allowed and not, and with eager
+    attention (which has no per-shape plans either)."""
     results = {}
-    for cudnn in (True, False):
+    for attention, cudnn in (("sdpa", True), ("sdpa", False), ("eager", False)):
         torch.backends.cuda.enable_cudnn_sdp(cudnn)
-        key = f"{kind} {'fp16' if fp16 else 'fp32'} sdpa unseen shapes, cudnn attention {'on' if cudnn else 'off'}"
+        model = load_on_device(spec, attention)
+        key = f"{kind} {'fp16' if fp16 else 'fp32'} {attention} unseen shapes" + (
+            f", cudnn attention {'on' if cudnn else 'off'}" if attention == "sdpa" else "")
         results[key] = unseen_shapes_texts_per_second(model, planned, count)
         print(key, results[key], "texts/s,", len(planned), "passes", flush=True)
     torch.backends.cuda.enable_cudnn_sdp(True)
     return results
-
 
 if __name__ == "__main__":
     main()

@@ -4,7 +4,7 @@
 # which fit one call; a session has 15 minutes of device time, the machine's start included):
 #
 #   tests     the CUDA tests (tests/cuda)
-#   unseen    the model alone on passes of shapes it has not met, with and without cuDNN attention
+#   unseen    the model alone on passes of shapes it has not met: SDPA with and without cuDNN, and eager
 #             (the fp16 slowdown's suspect; benchmark/cuda_passes.py --unseen-only)
 #   sweep     the service at 1, 4 and 8 workers in fp32 and fp16, and sentence-transformers in
 #             process, under the loads (benchmark/gpu_sweep.py): goals 1, 2 and 4
@@ -42,8 +42,8 @@ step() {  # step NAME SECONDS COMMAND...: its output to $OUT/NAME.log, its last 
 }
 for name in $STEPS; do
     case $name in
-        tests) step cuda-tests 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/cuda ;;
-        unseen) DEVICE=cuda step unseen-shapes 90 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --unseen-only --count 1024 ;;
+        tests) step cuda-tests 160 "$PYTHON" -m pytest -v -p no:cacheprovider -m cuda tests/cuda ;;
+        unseen) DEVICE=cuda step unseen-shapes 100 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --unseen-only --count 1024 ;;
         passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" ;;
         sweep) step gpu-sweep 300 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --out "$OUT/gpu-sweep.json" ;;
         precision) DEVICE=cuda step half-precision 60 "$PYTHON" -m benchmark.half_precision "$MODEL" ;;

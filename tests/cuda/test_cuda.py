@@ -1,7 +1,8 @@
 """The CUDA paths, where a GPU is (marker `cuda`; skipped with a reason on machines without one):
-fp32 and fp16 parity with a plain reference, start and stop, kill -9 of a CUDA worker under load,
-and ONNX Runtime's CUDA provider (served when onnxruntime-gpu is installed, a clear start-up error
-otherwise). On the device machine: `pytest -m cuda tests/cuda`."""
+fp32 and fp16 parity with a plain reference, start and stop, the default worker count and the
+memory estimate that caps it, kill -9 of a CUDA worker under load, and ONNX Runtime's CUDA
+provider (served when onnxruntime-gpu is installed, a clear start-up error otherwise). On the
+device machine: `pytest -m cuda tests/cuda`."""
 import os
 import signal
 import subprocess
@@ -58,6 +59,44 @@ def test_the_default_cuda_server_runs_a_worker_per_two_cpus(tiny_model, tmp_path
             assert client.server_config["num_worker"] == default_cuda_workers(usable_cpus())
             assert client.encode(TEXTS[:8]).shape[0] == 8
         assert len(server.worker_pids()) == default_cuda_workers(usable_cpus())
+
+
+def test_each_cuda_worker_stays_within_its_memory_estimate_and_no_other_process_holds_the_gpu(tiny_model, tmp_path):
+    """The default worker count trusts gpu_memory.worker_bytes to overstate what a worker holds, and
+    the launcher to read the GPU's size without a CUDA context of its own."""
+    from encoder_server.model.gpu_memory import worker_bytes
+    from encoder_server.model.spec import ModelSpec, resolve_spec
+    with running_server(tiny_model, "--device", "cuda", "--num-worker", "2", tmp_path=tmp_path) as server:
+        with server.client() as client:
+            client.encode(TEXTS * 4)
+        used, workers = gpu_mib_by_pid(), server.worker_pids()
+        if not set(workers) & set(used):
+            pytest.skip("nvidia-smi shows no process of this server (it sees another pid namespace, or is missing)")
+        others = [pid for pid in group_pids(server.process.pid) if pid not in workers]
+        assert not set(others) & set(used), f"server processes other than the workers hold GPU memory: {used}"
+        estimate = worker_bytes(resolve_spec(ModelSpec(model=str(tiny_model), device="cuda"))) >> 20
+        assert all(used[pid] <= estimate for pid in workers), (used, estimate)
+
+
+def gpu_mib_by_pid():
+    """{pid: MiB of GPU memory} of the processes that nvidia-smi lists; {} when it lists none."""
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                                capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    rows = (line.split(",") for line in listed.splitlines())
+    return {int(row[0]): int(row[1]) for row in rows if len(row) == 2 and all(x.strip().isdigit() for x in row)}
+
+
+def group_pids(pgid):
+    """The processes of group `pgid`."""
+    def group_of(pid):
+        try:
+            return os.getpgid(pid)
+        except OSError:
+            return None
+    return [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if group_of(pid) == pgid]
 
 
 def test_kill_9_of_a_cuda_worker_under_load_loses_nothing(tiny_model, tmp_path, expected):
