@@ -8,7 +8,9 @@ earlier round), with SDPA (torch's cuDNN attention allowed and not) and with eag
 server's passes rarely repeat a shape, and cuDNN's attention builds a plan for each new one
 (encoder_server.model.torch_backend.without_per_shape_attention_plans).
 
-    DEVICE=cuda python -m benchmark.cuda_passes MODEL_FOLDER [--count 4096] [--unseen-only]
+Last, one short text per pass, as a batch-1 request runs: milliseconds per pass.
+
+    DEVICE=cuda python -m benchmark.cuda_passes MODEL_FOLDER [--count 4096] [--only warmed unseen single]
 
 Measured on an H200 on 2026-11-27 with the bundled model: README, "Not yet".
 """
@@ -24,12 +26,14 @@ import torch
 from encoder_server.model.passes import Pass, plan_passes
 from encoder_server.model.spec import ModelSpec, resolve_spec
 from encoder_server.model.tokenizer import Tokenizer
-from encoder_server.model.torch_backend import load_on_device
+from encoder_server.model.torch_backend import load_on_device, without_per_shape_attention_plans
 
 from .corpus import texts as corpus
 
 DEVICE = os.environ.get("DEVICE", "cuda")
 COUNT = 4096
+SINGLE_TEXTS = 200
+MEASURES = ("warmed", "unseen", "single")
 
 
 def padded_to_8(inputs):
@@ -77,19 +81,23 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
     parser.add_argument("--count", type=int, default=COUNT, help="texts of each kind")
-    parser.add_argument("--unseen-only", action="store_true", help="only the passes of unseen shapes")
+    parser.add_argument("--only", nargs="+", choices=MEASURES, default=list(MEASURES),
+                        help="warmed: passes as planned, warmed up; unseen: passes of unseen shapes (cuda); "
+                             "single: one short text per pass")
     args = parser.parse_args(argv)
     results = {}
     for kind in ("short", "medium"):
         texts = corpus(kind, args.count, seed=5)
         for fp16 in (False, True):
             spec = resolve_spec(ModelSpec(model=args.model, device=DEVICE, fp16=fp16 and DEVICE == "cuda"))
-            planned = [inputs for _, inputs in plan_passes(Tokenizer.for_spec(spec).tokenize(texts),
-                                                           spec.max_batch_tokens, 256)]
-            if not args.unseen_only:
+            tokenizer = Tokenizer.for_spec(spec)
+            planned = [inputs for _, inputs in plan_passes(tokenizer.tokenize(texts), spec.max_batch_tokens, 256)]
+            if "warmed" in args.only:
                 results.update(warmed_up(kind, fp16, spec, planned, len(texts)))
-            if DEVICE == "cuda":
+            if "unseen" in args.only and DEVICE == "cuda":
                 results.update(unseen_shapes(kind, fp16, spec, planned, len(texts)))
+            if "single" in args.only and kind == "short":
+                results.update(one_text_passes(fp16, spec, tokenizer, texts[:SINGLE_TEXTS]))
     print(json.dumps(results, indent=1))
 
 
@@ -119,6 +127,25 @@ def unseen_shapes(kind, fp16, spec, planned, count):
         print(key, results[key], "texts/s,", len(planned), "passes", flush=True)
     torch.backends.cuda.enable_cudnn_sdp(True)
     return results
+
+
+def one_text_passes(fp16, spec, tokenizer, texts):
+    """Milliseconds per pass of one text, p50 and p90, SDPA (without cuDNN attention, as a CUDA worker
+    runs it) and eager, after a round over the same texts: the model's share of a batch-1 request."""
+    without_per_shape_attention_plans()
+    passes = [inputs for text in texts
+              for _, inputs in plan_passes(tokenizer.tokenize([text]), spec.max_batch_tokens, 1)]
+    results = {}
+    for attention in ("sdpa", "eager"):
+        model = load_on_device(spec, attention)
+        run(model, passes)
+        times = sorted(seconds(model, [inputs]) for inputs in passes)
+        key = f"one short text per pass, {'fp16' if fp16 else 'fp32'} {attention}, p50 and p90 ms"
+        results[key] = [round(1e3 * times[len(times) // 2], 2), round(1e3 * times[len(times) * 9 // 10], 2)]
+        print(key, results[key], flush=True)
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    return results
+
 
 if __name__ == "__main__":
     main()

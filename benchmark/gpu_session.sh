@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Prepared runs on a lent GPU machine, within one device call's 10 minutes: unpack the kit that
-# `python -m benchmark.device_kit pack` made here, then the steps named (default: tests unseen sweep,
+# `python -m benchmark.device_kit pack` made here, then the steps named (default: tests model sweep,
 # which fit one call; a session has 15 minutes of device time, the machine's start included):
 #
 #   tests     the CUDA tests (tests/cuda)
-#   unseen    the model alone on passes of shapes it has not met: SDPA with and without cuDNN, and eager
-#             (the fp16 slowdown's suspect; benchmark/cuda_passes.py --unseen-only)
+#   model     the model alone (benchmark/cuda_passes.py): passes of shapes it has not met, SDPA with
+#             and without cuDNN (the fp16 slowdown's suspect) and eager; one short text per pass
+#             (the model's share of batch-1 latency)
 #   sweep     the service at 1, 4 and 8 workers in fp32 and fp16, and sentence-transformers in
 #             process, under the loads (benchmark/gpu_sweep.py): goals 1, 2 and 4
 #   passes    the model alone on the service's passes, warmed up: fp32 and fp16, SDPA and eager
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-/tmp/gpu-session}
 KIT=${KIT:-.device}
-STEPS=${*:-tests unseen sweep}
+STEPS=${*:-tests model sweep}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 "$PYTHON" -m benchmark.device_kit unpack "$KIT" > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
@@ -43,12 +44,13 @@ step() {  # step NAME SECONDS COMMAND...: its output to $OUT/NAME.log, its last 
 for name in $STEPS; do
     case $name in
         tests) step cuda-tests 160 "$PYTHON" -m pytest -v -p no:cacheprovider -m cuda tests/cuda ;;
-        unseen) DEVICE=cuda step unseen-shapes 100 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --unseen-only --count 1024 ;;
-        passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" ;;
+        model) DEVICE=cuda step model-alone 100 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --count 1024 \
+                   --only unseen single ;;
+        passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --only warmed ;;
         sweep) step gpu-sweep 300 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --out "$OUT/gpu-sweep.json" ;;
         precision) DEVICE=cuda step half-precision 60 "$PYTHON" -m benchmark.half_precision "$MODEL" ;;
         pipeline) step pipeline 120 "$PYTHON" -m benchmark.pipeline --model "$MODEL" --seconds 5 --repeats 1 \
                       --loaders 8 --out "$OUT/pipeline.json" ;;
-        *) echo "unknown step $name (tests, unseen, sweep, passes, precision, pipeline)"; exit 2 ;;
+        *) echo "unknown step $name (tests, model, sweep, passes, precision, pipeline)"; exit 2 ;;
     esac
 done
