@@ -7,8 +7,9 @@
 #   model     the model alone (benchmark/cuda_passes.py): passes of shapes it has not met, SDPA with
 #             and without cuDNN (the fp16 slowdown's suspect) and eager; one short text per pass
 #             (the model's share of batch-1 latency)
-#   sweep     the service at 1, 4 and 8 workers in fp32 and fp16, and sentence-transformers in
-#             process, under the loads (benchmark/gpu_sweep.py): goals 1, 2 and 4
+#   sweep     the service at 4 and 8 workers in fp32 and fp16, and 8 with passes of 256 rows, and
+#             sentence-transformers in process, under the loads (benchmark/gpu_sweep.py):
+#             goals 1, 2 and 4
 #   passes    the model alone on the service's passes, warmed up: fp32 and fp16, SDPA and eager
 #   precision the model's rows in fp16 and bf16 against fp32 on the GPU (benchmark/half_precision.py)
 #   pipeline  the server's own ceiling on the zero backend, on the host's 16 cores, clients in 8 processes

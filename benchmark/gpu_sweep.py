@@ -3,16 +3,19 @@ in-process on the same device, for issue 31's goals 1 (fp16 faster than fp32), 2
 90% of the best configuration) and 4 (30,000 short texts/s, 2x sentence-transformers, batch-1 p50
 of 3 ms), in one device call:
 
-    python -m benchmark.gpu_sweep MODEL [--workers 1 4 8] [--seconds 5] [--repeats 1] [--out FILE]
+    python -m benchmark.gpu_sweep MODEL [--workers 4 8] [--wide-rows 256] [--seconds 5] [--repeats 1]
+                                        [--out FILE]
 
-Each configuration is one server (`--device cuda --num-worker N`, with and without `--fp16`) under
-the loads of the issue's table: 32 closed-loop clients sending 32 short texts; one client sending
-20,000 short texts, then 4,000 medium ones, in requests of 256; one client sending 200 short texts
-one at a time (its p50 is the batch-1 latency). sentence-transformers (fp32 and fp16, batch 256)
-takes the one-client lists. Each one-client list runs once as a warm-up first, so that every
-engine has met its shapes. A row per engine and load, printed as it is measured (JSON lines), and
-with --out all rows with the device's name. DEVICE=cpu runs the same on the CPU, fp32 only: a
-check of the machinery.
+Each configuration is one server (`--device cuda --num-worker N`, with and without `--fp16`; the
+most workers once more with `--max-batch-size` at --wide-rows, passes of up to that many rows, as
+sentence-transformers runs them, against the default 64) under the loads of the issue's table: 32
+closed-loop clients sending 32 short texts; one client sending 20,000 short texts, then 4,000 medium
+ones, in requests of 256; one client sending 200 short texts one at a time (its p50 is the batch-1
+latency). sentence-transformers (fp32 and fp16, batch 256) takes the one-client lists, first, so
+that the baseline is there even if the sweep is stopped early. Each one-client list runs once as a
+warm-up first, so that every engine has met its shapes. A row per engine and load, printed as it is
+measured (JSON lines), and with --out all rows with the device's name. DEVICE=cpu runs the same on
+the CPU, fp32 only: a check of the machinery.
 """
 import argparse
 import json
@@ -28,18 +31,26 @@ from benchmark import corpus, engines, load  # noqa: E402
 DEVICE = os.environ.get("DEVICE", "cuda")
 
 
-def engines_to_run(model, workers, log_dir):
-    """(name, maker of the engine, whether it runs in this process) of every engine: the service at
-    each worker count in fp32, and on cuda in fp16; then sentence-transformers, batch 256, likewise."""
+def engines_to_run(model, workers, log_dir, wide_rows=0):
+    """(name, maker of the engine, whether it runs in this process) of every engine: first the
+    baseline, sentence-transformers with batches of 256, in fp32 and on cuda in fp16; then the service
+    at each worker count in the same precisions, and with `wide_rows` the most workers again with
+    passes of that many rows."""
     precisions = [False] + ([True] if DEVICE == "cuda" else [])
-    services = [(f"{count} worker{'s' if count > 1 else ''}, {_precision(fp16)}",
-                 ("--device", DEVICE, "--num-worker", str(count), *(("--fp16",) if fp16 else ())))
-                for count in workers for fp16 in precisions]
-    return [(name, lambda name=name, flags=flags: engines.Service(name, flags, model, log_dir), False)
-            for name, flags in services] + \
-        [(f"sentence-transformers, {_precision(fp16)}",
-          lambda fp16=fp16: engines.sentence_transformers(model, os.cpu_count(), DEVICE, 256, fp16), True)
-         for fp16 in precisions]
+    counts = [(count, None) for count in workers] + ([(max(workers), wide_rows)] if wide_rows else [])
+    services = [_service(count, fp16, rows) for count, rows in counts for fp16 in precisions]
+    return [(f"sentence-transformers, {_precision(fp16)}",
+             lambda fp16=fp16: engines.sentence_transformers(model, os.cpu_count(), DEVICE, 256, fp16), True)
+            for fp16 in precisions] + \
+        [(name, lambda name=name, flags=flags: engines.Service(name, flags, model, log_dir), False)
+         for name, flags in services]
+
+
+def _service(count, fp16, rows):
+    """(name, flags) of the service at `count` workers, in fp16 or not, `rows` a pass (None: the default)."""
+    name = f"{count} worker{'s' if count > 1 else ''}, {_precision(fp16)}" + (f", {rows} rows a pass" if rows else "")
+    return name, ("--device", DEVICE, "--num-worker", str(count), *(("--fp16",) if fp16 else ()),
+                  *(("--max-batch-size", str(rows)) if rows else ()))
 
 
 def _precision(fp16):
@@ -92,16 +103,18 @@ def default_workers():
     return default_cuda_workers(usable_cpus()) if DEVICE == "cuda" else None
 
 
-def measure(model, workers, seconds=5.0, repeats=1, texts=(20_000, 4_000), log_dir="/tmp"):
+def measure(model, workers, seconds=5.0, repeats=1, texts=(20_000, 4_000), log_dir="/tmp", wide_rows=0):
     """The whole sweep: what --out writes."""
-    rows = sweep(engines_to_run(model, workers, log_dir), cells(seconds, *texts), repeats)
+    rows = sweep(engines_to_run(model, workers, log_dir, wide_rows), cells(seconds, *texts), repeats)
     return {"device": device_name(), "default_workers": default_workers(), "rows": rows}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--wide-rows", type=int, default=256,
+                        help="the most workers once more with passes of up to this many rows (0: not)")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--texts", type=int, nargs=2, default=[20_000, 4_000], metavar=("SHORT", "MEDIUM"),
@@ -109,7 +122,7 @@ def main(argv=None):
     parser.add_argument("--out", help="a JSON file for every row")
     parser.add_argument("--log-dir", default="/tmp")
     args = parser.parse_args(argv)
-    result = measure(args.model, args.workers, args.seconds, args.repeats, args.texts, args.log_dir)
+    result = measure(args.model, args.workers, args.seconds, args.repeats, args.texts, args.log_dir, args.wide_rows)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return 0

@@ -46,24 +46,33 @@ def test_benchmark_smoke_run_writes_json_plots_and_table(tiny_model, tmp_path):
     assert "## The server's own ceiling" in table and "## GPU" in table
 
 
-def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path):
+def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path, monkeypatch):
     """benchmark/gpu_sweep.py, as DEVICE=cpu runs it (fp32 only): a row per configuration and load, and
-    sentence-transformers on the one-client loads."""
+    sentence-transformers on the one-client loads; and the flags of the servers it would start on cuda."""
     out = tmp_path / "sweep.json"
-    result = subprocess.run([sys.executable, "-m", "benchmark.gpu_sweep", str(tiny_model), "--workers", "1", "2",
-                             "--seconds", "1", "--texts", "300", "100", "--out", str(out), "--log-dir", str(tmp_path)],
+    result = subprocess.run([sys.executable, "-m", "benchmark.gpu_sweep", str(tiny_model), "--workers", "2",
+                             "--wide-rows", "128", "--seconds", "1", "--texts", "300", "100", "--out", str(out),
+                             "--log-dir", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "DEVICE": "cpu"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     sweep = json.loads(out.read_text())
     assert sweep["device"].startswith("cpu") and sweep["default_workers"] is None
-    assert [(row["configuration"], row["cell"]) for row in sweep["rows"]][-6:] == [
-        ("2 workers, fp32", "short, 32 clients x 32"), ("2 workers, fp32", "short, 1 client x 300 in 256s"),
-        ("2 workers, fp32", "medium, 1 client x 100 in 256s"),
-        ("2 workers, fp32", "short, 1 client x 200 one at a time"),
+    loads = ["short, 32 clients x 32", "short, 1 client x 300 in 256s", "medium, 1 client x 100 in 256s",
+             "short, 1 client x 200 one at a time"]
+    assert [(row["configuration"], row["cell"]) for row in sweep["rows"]] == [
         ("sentence-transformers, fp32", "short, 1 client x 300 in 256s"),
-        ("sentence-transformers, fp32", "medium, 1 client x 100 in 256s")]
-    assert len(sweep["rows"]) == 10
+        ("sentence-transformers, fp32", "medium, 1 client x 100 in 256s"),
+        *(("2 workers, fp32", load) for load in loads), *(("2 workers, fp32, 128 rows a pass", load) for load in loads)]
     assert all(row["texts_per_s"] > 0 and row["p50_ms"] > 0 for row in sweep["rows"])
+    from benchmark import gpu_sweep  # the servers' flags: the wide configuration is the most workers, rows capped
+    monkeypatch.setattr(gpu_sweep, "DEVICE", "cuda")
+    services = [make() for _, make, in_process in gpu_sweep.engines_to_run(tiny_model, [1, 2], tmp_path, 128)
+                if not in_process]
+    assert [service.command[service.command.index("--device"):] for service in services] == [
+        ["--device", "cuda", "--num-worker", "1"], ["--device", "cuda", "--num-worker", "1", "--fp16"],
+        ["--device", "cuda", "--num-worker", "2"], ["--device", "cuda", "--num-worker", "2", "--fp16"],
+        ["--device", "cuda", "--num-worker", "2", "--max-batch-size", "128"],
+        ["--device", "cuda", "--num-worker", "2", "--fp16", "--max-batch-size", "128"]]
     from benchmark.report import _gpu_table  # the `gpu` scenario's table in RESULTS.md, from the same rows
     table = "\n".join(_gpu_table(sweep))
     assert "| 2 workers, fp32 | short, 32 clients x 32 |" in table and "| sentence-transformers, fp32 |" in table
