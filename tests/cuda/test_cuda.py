@@ -67,8 +67,8 @@ def test_each_cuda_worker_stays_within_its_memory_estimate_and_no_other_process_
     from encoder_server.model.gpu_memory import worker_bytes
     from encoder_server.model.spec import ModelSpec, resolve_spec
     with running_server(tiny_model, "--device", "cuda", "--num-worker", "2", tmp_path=tmp_path) as server:
-        with server.client() as client:
-            client.encode(TEXTS * 4)
+        with server.client() as client:  # and passes as large as the settings allow: 64 texts cut at max_seq_len
+            client.encode(TEXTS * 4 + ["a text longer than any max_seq_len " * 200] * 128)
         used, workers = gpu_mib_by_pid(), server.worker_pids()
         if not set(workers) & set(used):
             pytest.skip("nvidia-smi shows no process of this server (it sees another pid namespace, or is missing)")
