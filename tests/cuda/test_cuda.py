@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import psutil
 import pytest
 
 from conftest import random_texts, reference_embeddings, running_server, wait_for
@@ -72,8 +73,9 @@ def test_each_cuda_worker_stays_within_its_memory_estimate_and_no_other_process_
         used, workers = gpu_mib_by_pid(), server.worker_pids()
         if not set(workers) & set(used):
             pytest.skip("nvidia-smi shows no process of this server (it sees another pid namespace, or is missing)")
-        others = [pid for pid in group_pids(server.process.pid) if pid not in workers]
-        assert not set(others) & set(used), f"server processes other than the workers hold GPU memory: {used}"
+        launcher = psutil.Process(server.process.pid)
+        others = {launcher.pid, *(child.pid for child in launcher.children(recursive=True))} - set(workers)
+        assert not others & set(used), f"server processes other than the workers hold GPU memory: {used}"
         estimate = worker_bytes(resolve_spec(ModelSpec(model=str(tiny_model), device="cuda"))) >> 20
         assert all(used[pid] <= estimate for pid in workers), (used, estimate)
 
@@ -87,16 +89,6 @@ def gpu_mib_by_pid():
         return {}
     rows = (line.split(",") for line in listed.splitlines())
     return {int(row[0]): int(row[1]) for row in rows if len(row) == 2 and all(x.strip().isdigit() for x in row)}
-
-
-def group_pids(pgid):
-    """The processes of group `pgid`."""
-    def group_of(pid):
-        try:
-            return os.getpgid(pid)
-        except OSError:
-            return None
-    return [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if group_of(pid) == pgid]
 
 
 def test_kill_9_of_a_cuda_worker_under_load_loses_nothing(tiny_model, tmp_path, expected):
