@@ -27,9 +27,14 @@ DEVICE = os.environ.get("DEVICE", "cpu")
 HALVES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def rows(spec, passes, count, dtype):
+def load(spec, dtype):
+    """The model on DEVICE, its encoder in `dtype` (pooling and the head stay float32)."""
     model = load_model_module(spec, attention="eager").to(DEVICE)
     model.model.to(dtype)
+    return model
+
+
+def rows(model, spec, passes, count):
     out = np.zeros((count, spec.embedding_dim), np.float32)
     with torch.inference_mode():
         for group, inputs in passes:
@@ -41,12 +46,14 @@ def rows(spec, passes, count, dtype):
 def main():
     spec = resolve_spec(ModelSpec(model=sys.argv[1] if len(sys.argv) > 1 else str(default_model_path())))
     results = {"device": DEVICE, "torch": torch.__version__}
+    reference_model, tokenizer = load(spec, torch.float32), Tokenizer.for_spec(spec)
+    halves = {half: load(spec, dtype) for half, dtype in HALVES.items()}
     for kind in ("short", "medium", "long"):
         texts = corpus(kind, 256, seed=9)
-        passes = plan_passes(Tokenizer.for_spec(spec).tokenize(texts), spec.max_batch_tokens, 256)
-        reference = rows(spec, passes, len(texts), torch.float32)
-        for half, dtype in HALVES.items():
-            cosine = row_cosine(rows(spec, passes, len(texts), dtype), reference)
+        passes = plan_passes(tokenizer.tokenize(texts), spec.max_batch_tokens, 256)
+        reference = rows(reference_model, spec, passes, len(texts))
+        for half, model in halves.items():
+            cosine = row_cosine(rows(model, spec, passes, len(texts)), reference)
             results[f"{kind} {half}"] = {"min_cosine": round(float(cosine.min()), 7),
                                          "mean_cosine": round(float(cosine.mean()), 7)}
             print(kind, half, results[f"{kind} {half}"], flush=True)
