@@ -109,9 +109,10 @@ def _markdown(results, plots, base):
             f"{kind} ≈ {tokens} tokens" for kind, tokens in results["mean_tokens"].items()) + ".", "",
     ]
     dates = results.get("measured_on", {})
-    if len(set(dates.values())) > 1:  # some scenarios were rerun alone (--only)
-        lines += ["When each scenario was measured: " + ", ".join(f"{name} {date}" for name, date in dates.items())
-                  + ".", ""]
+    if len(set(dates.values())) > 1:  # some scenarios were rerun alone (--only), maybe on another CPU
+        lines += ["When each scenario was measured (and on which vector extensions, where recorded): "
+                  + ", ".join(f"{name} {date}" for name, date in dates.items())
+                  + ". Ratios within a scenario hold across machines; absolute figures of different ones do not.", ""]
     lines += [f"![{Path(p).stem}]({_relative(base, 'results/' + Path(p).name)})" for p in plots] + [""]
     lines += _targets(results)
     lines += _batch_table(results.get("client_batches"))

@@ -414,7 +414,7 @@ def main(argv=None):
     for name in chosen:
         started = time.monotonic()
         results[name] = getattr(suite, name)()
-        results.setdefault("measured_on", {})[name] = results["machine"]["date"]
+        results.setdefault("measured_on", {})[name] = f"{results['machine']['date']} ({results['machine']['isa']})"
         print(f"# {name} took {time.monotonic() - started:.0f}s", flush=True)
         previous.write_text(json.dumps(results, indent=2))
     default_out = out.resolve() == (HERE / "results").resolve()
