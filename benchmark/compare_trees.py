@@ -2,10 +2,10 @@
 check that a change which should not alter speed does not.
 
     git worktree add /tmp/before HEAD~1
-    python -m benchmark.compare_trees /tmp/before . --rounds 3
+    python -m benchmark.compare_trees /tmp/before . --rounds 3 [-- server flags]
 
-Each round starts each tree's server on the bundled model (or `--model`) with default flags and
-measures, through that tree's own EncoderClient (so a change to the wire format compares fairly):
+Each round starts each tree's server on the bundled model (or `--model`) with default flags (or
+those after --) and measures, through that tree's own EncoderClient (so a change to the wire format compares fairly):
 the p50 and p99 latency of one-text requests (short texts), the sentences/s of 256-text requests
 (medium texts, or `--kind`), and the replies/s of one-text requests pipelined 64 deep on one client
 (many small replies to one identity). It prints medians over rounds and the ratios.
@@ -59,13 +59,13 @@ print(json.dumps([statistics.median(latencies) * 1000, statistics.quantiles(late
 NAMES = ("batch-1 p50 ms", "batch-1 p99 ms", "256 texts, sentences/s", "pipelined replies/s")
 
 
-def measure(tree, texts, repeats, model=None):
+def measure(tree, texts, repeats, model=None, flags=()):
     """Start `tree`'s server and measure it with `tree`'s client; returns one value per NAMES."""
     port, port_out = free_port(), free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     model_flags = ["--model", str(model)] if model else []
     server = subprocess.Popen([sys.executable, "-m", "encoder_server.cli", "start", "--port", str(port),
-                               "--port-out", str(port_out), *model_flags], cwd=tree, env=env,
+                               "--port-out", str(port_out), *model_flags, *flags], cwd=tree, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         finished = subprocess.run([sys.executable, "-c", MEASURE, str(port), str(port_out), str(repeats),
@@ -90,13 +90,15 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5, help="256-text requests per round")
     parser.add_argument("--kind", choices=sorted(corpus.WORDS), default="medium", help="the 256-text requests' texts")
     parser.add_argument("--pipelined", type=int, default=2000, help="pipelined one-text requests per round")
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # what follows -- is the servers' flags
+    args, flags = parser.parse_args(argv[:cut]), argv[cut + 1:]
     texts = (corpus.texts("short", args.singles), corpus.texts(args.kind, 256), corpus.texts("short", args.pipelined))
     results = {"before": [], "after": []}
     for round_ in range(args.rounds):
         for name in results:
             results[name].append(measure(getattr(args, name).resolve(), texts, args.repeats,
-                                         args.model and args.model.resolve()))
+                                         args.model and args.model.resolve(), flags))
             shown = ", ".join(f"{label} {value:.2f}" for label, value in zip(NAMES, results[name][-1]))
             print(f"round {round_ + 1} {name:6}: {shown}", flush=True)
     medians = {name: [statistics.median(row[i] for row in rows) for i in range(len(NAMES))]
