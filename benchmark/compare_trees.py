@@ -5,10 +5,11 @@ check that a change which should not alter speed does not.
     python -m benchmark.compare_trees /tmp/before . --rounds 3 [-- server flags]
 
 Each round starts each tree's server on the bundled model (or `--model`) with default flags (or
-those after --) and measures, through that tree's own EncoderClient (so a change to the wire format compares fairly):
-the p50 and p99 latency of one-text requests (short texts), the sentences/s of 256-text requests
-(medium texts, or `--kind`), and the replies/s of one-text requests pipelined 64 deep on one client
-(many small replies to one identity). It prints medians over rounds and the ratios.
+those after --) and measures, through that tree's own EncoderClient (so a change to the wire
+format compares fairly): the p50 and p99 latency of one-text requests (short texts), the
+sentences/s of 256-text requests (medium texts, or `--kind`), and the replies/s of one-text
+requests pipelined 64 deep on one client (many small replies to one identity). It prints medians
+over rounds and the ratios.
 """
 import argparse
 import json

@@ -4,8 +4,8 @@ import onnxruntime as ort
 # How long an idle intra-op thread spins for more work before it sleeps. Within a pass the gaps
 # between parallel operators are far shorter; after one, ONNX Runtime's default kept a thread
 # spinning for about 40 ms, a core taken from the server's other processes while they carried the
-# result and the next request: one-text requests on an idle 2-core server took 1.5-1.8x as long at
-# p99, the same at p50. (A release of ONNX Runtime that does not know the key ignores it.)
+# result and the next request: one-text requests on an idle 2-core server took 1.5-1.9x as long at
+# p99, about the same at p50. (A release of ONNX Runtime that does not know the key ignores it.)
 SPIN_US = 100
 
 
