@@ -136,7 +136,8 @@ def test_a_session_of_several_threads_leaves_the_cores_once_its_pass_is_done(tin
     """Its idle threads spin only briefly: the CPU time this process spends while it sleeps after a
     pass stays near zero (ONNX Runtime's default spin took about 40 ms of it after each pass)."""
     settings = settings_for(tiny_model, "onnx")
-    (_, inputs), *_ = plan_passes(Embedder(settings).tokenize(TEXTS[:8]), 1024, 64)
+    encoding = Embedder(settings).tokenize(TEXTS[:8])
+    (_, inputs), *_ = plan_passes(encoding, settings.max_batch_tokens, settings.max_batch_size)
     backend = OnnxBackend(settings, threads=2)
     backend.run(inputs)
     spent = []
