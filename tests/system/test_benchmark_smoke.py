@@ -76,3 +76,14 @@ def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path, monkeypatch):
     from benchmark.report import _gpu_table  # the `gpu` scenario's table in RESULTS.md, from the same rows
     table = "\n".join(_gpu_table(sweep))
     assert "| 2 workers, fp32 | short, 32 clients x 32 |" in table and "| sentence-transformers, fp32 |" in table
+
+
+def test_interleaved_times_each_text_in_process_and_through_the_service(tiny_model):
+    result = subprocess.run([sys.executable, "-m", "benchmark.interleaved", "--kind", "short", "--texts", "6",
+                             "--model", str(tiny_model)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    for engine in ("in-process", "service"):
+        row = report[engine]
+        assert row["requests"] == 6 and 0 < row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"], report
+    assert set(report["service - in-process"]) == {"p50_ms", "p95_ms"}
