@@ -91,15 +91,14 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5, help="256-text requests per round")
     parser.add_argument("--kind", choices=sorted(corpus.WORDS), default="medium", help="the 256-text requests' texts")
     parser.add_argument("--pipelined", type=int, default=2000, help="pipelined one-text requests per round")
-    argv = sys.argv[1:] if argv is None else list(argv)
-    cut = argv.index("--") if "--" in argv else len(argv)  # what follows -- is the servers' flags
-    args, flags = parser.parse_args(argv[:cut]), argv[cut + 1:]
+    parser.add_argument("flags", nargs="*", help="server flags, after --")
+    args = parser.parse_intermixed_args(argv)  # intermixed: flags after -- follow the two trees' options
     texts = (corpus.texts("short", args.singles), corpus.texts(args.kind, 256), corpus.texts("short", args.pipelined))
     results = {"before": [], "after": []}
     for round_ in range(args.rounds):
         for name in results:
             results[name].append(measure(getattr(args, name).resolve(), texts, args.repeats,
-                                         args.model and args.model.resolve(), flags))
+                                         args.model and args.model.resolve(), args.flags))
             shown = ", ".join(f"{label} {value:.2f}" for label, value in zip(NAMES, results[name][-1]))
             print(f"round {round_ + 1} {name:6}: {shown}", flush=True)
     medians = {name: [statistics.median(row[i] for row in rows) for i in range(len(NAMES))]

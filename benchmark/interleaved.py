@@ -44,8 +44,7 @@ def measure(kind="long", count=300, int8=False, model=None, warmup=10):
             client.close()
     result = {name: _percentiles(values) for name, values in latencies.items()}
     difference = np.subtract(latencies["service"], latencies["in-process"])
-    result["service - in-process"] = {"p50_ms": round(float(np.percentile(difference, 50)), 2),
-                                      "p95_ms": round(float(np.percentile(difference, 95)), 2)}
+    result["service - in-process"] = {f"p{q}_ms": round(float(np.percentile(difference, q)), 2) for q in (50, 95)}
     return result
 
 
