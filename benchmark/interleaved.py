@@ -61,6 +61,8 @@ def main(argv=None):
     parser.add_argument("--int8", action="store_true", help="both engines quantized to int8")
     parser.add_argument("--model", help="model folder (default: the bundled model)")
     args = parser.parse_args(argv)
+    if args.texts < 1:
+        parser.error("--texts must be at least 1")
     print(json.dumps({"kind": args.kind, "texts": args.texts, "int8": args.int8,
                       **measure(args.kind, args.texts, args.int8, args.model)}, indent=1))
 
