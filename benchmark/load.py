@@ -79,3 +79,15 @@ def closed_loop(engine, texts, clients, batch, seconds, tokens_per_text, warmup=
 def median_of(runs):
     """Field-wise median of repeated summaries."""
     return {key: round(statistics.median(run[key] for run in runs), 1) for key in runs[0]}
+
+
+def taking_turns(engines, run, repeats):
+    """`run(engine)` `repeats` times for each engine, the engines taking turns, so that an engine and
+    its baseline meet the same moments of the host (this VM's speed drifts by tens of percent within
+    minutes, so runs made one engine after another compare moments, not engines). Returns each
+    engine's median_of its runs, in the engines' order."""
+    runs = [[] for _ in engines]
+    for _ in range(repeats):
+        for engine, done in zip(engines, runs):
+            done.append(run(engine))
+    return [median_of(done) for done in runs]

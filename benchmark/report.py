@@ -223,6 +223,8 @@ def _batch_table(rows):
     if not rows:
         return []
     lines = ["## One client, texts per request", "",
+             "The engines are all up at once and take turns on each cell, one run each, so that each ratio "
+             "compares runs made at the same moments of the host.", "",
              "| engine | texts | batch | sentences/s | tokens/s | p50 ms | p95 ms | p99 ms | / ST | runs | peak RSS MB |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
@@ -237,7 +239,8 @@ def _latency_table(latency):
     if not latency:
         return []
     lines = ["## One text per request", "",
-             "Short texts sent one at a time, against the same backend in-process. A lone text runs on the lone "
+             "Short texts sent one at a time, against the same backend in-process, the engines taking turns run "
+             "by run. A lone text runs on the lone "
              "session, which has every core, so the service's overhead is its p50 less the in-process p50 on every "
              "core.", "",
              "| engine | sentences/s | p50 ms | p95 ms | p99 ms |", "|---|---|---|---|---|"]

@@ -77,24 +77,29 @@ class Suite:
     # ----- scenarios -----
 
     def client_batches(self):
-        """One client, the whole corpus in requests of 1..4096 texts."""
+        """One client, the whole corpus in requests of 1..4096 texts. The engines are all up at once
+        and take turns on each cell (load.taking_turns)."""
         from encoder_server.settings import resolve
         rows = []
         in_process = [lambda: engines.our_backend(resolve(model=self.model, num_worker=1,
                                                           threads_per_worker=_cores()))]
         if self.plan.sentence_transformers:
             in_process.insert(0, lambda: engines.sentence_transformers(self.model, _cores()))
-        for make in [*in_process, *self.served()]:
-            with (make() if callable(make) else make) as engine:
-                for kind in self.plan.kinds:
-                    for batch in self.plan.batches:
-                        count = self.plan.single_requests if batch == 1 else max(batch, self.plan.texts[kind])
-                        texts = corpus.texts(kind, count)
-                        repeats = 1 if count > self.plan.one_repeat_above and kind != "short" else self.plan.repeats
-                        runs = [load.sequential(engine, texts, batch, self.tokens[kind]) for _ in range(repeats)]
+        with contextlib.ExitStack() as stack:
+            running = [stack.enter_context(make() if callable(make) else make)
+                       for make in [*in_process, *self.served()]]
+            for kind in self.plan.kinds:
+                for batch in self.plan.batches:
+                    count = self.plan.single_requests if batch == 1 else max(batch, self.plan.texts[kind])
+                    texts = corpus.texts(kind, count)
+                    repeats = 1 if count > self.plan.one_repeat_above and kind != "short" else self.plan.repeats
+                    medians = load.taking_turns(
+                        running, lambda engine: load.sequential(engine, texts, batch, self.tokens[kind]), repeats)
+                    for engine, median in zip(running, medians):
                         rows.append({"engine": engine.name, "kind": kind, "batch": batch, "texts": count,
-                                     "repeats": repeats, **load.median_of(runs)})
+                                     "repeats": repeats, **median})
                         _progress(rows[-1])
+        for engine in running:
             _note_rss(rows, engine)
         return rows
 
@@ -157,8 +162,9 @@ class Suite:
 
     def latency(self):
         """One short text per request, one after another: the service (defaults) against the same
-        backend in-process on one thread and on every core. A lone text runs on the lone session, which
-        has every core, so the service's overhead is its p50 less the every-core in-process p50."""
+        backend in-process on one thread and on every core, taking turns (load.taking_turns). A lone
+        text runs on the lone session, which has every core, so the service's overhead is its p50 less
+        the every-core in-process p50."""
         from encoder_server.settings import resolve
         texts = corpus.texts("short", self.plan.single_requests * 4)
         engines_by_label = {f"onnx backend in-process, {threads} thread(s)":
@@ -166,12 +172,13 @@ class Suite:
                                                                                 threads_per_worker=threads))
                             for threads in dict.fromkeys((1, _cores()))}
         engines_by_label["service (onnx fp32, defaults)"] = lambda: self.service("service (onnx fp32, defaults)")
-        rows = []
-        for label, make in engines_by_label.items():
-            with make() as engine:
-                runs = [load.sequential(engine, texts, 1, self.tokens["short"]) for _ in range(self.plan.repeats)]
-                rows.append({"engine": label, **load.median_of(runs)})
-                _progress(rows[-1])
+        with contextlib.ExitStack() as stack:
+            running = [stack.enter_context(make()) for make in engines_by_label.values()]
+            medians = load.taking_turns(
+                running, lambda engine: load.sequential(engine, texts, 1, self.tokens["short"]), self.plan.repeats)
+        rows = [{"engine": label, **median} for label, median in zip(engines_by_label, medians)]
+        for row in rows:
+            _progress(row)
         service, every_core = rows[-1], rows[-2]
         return {"rows": rows, "overhead_p50_ms": round(service["p50_ms"] - every_core["p50_ms"], 2),
                 "ratio_to_in_process": round(service["sentences_per_s"] / every_core["sentences_per_s"], 3)}

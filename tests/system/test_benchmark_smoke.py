@@ -87,3 +87,16 @@ def test_interleaved_times_each_text_in_process_and_through_the_service(tiny_mod
         row = report[engine]
         assert row["requests"] == 6 and 0 < row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"], report
     assert set(report["service - in-process"]) == {"p50_ms", "p95_ms"}
+
+
+def test_engines_take_turns_run_by_run_and_each_gets_the_median_of_its_own_runs():
+    from benchmark.load import taking_turns
+    order = []
+
+    def run(engine):
+        order.append(engine)
+        return {"sentences_per_s": len(order)}
+
+    medians = taking_turns(["in-process", "service"], run, repeats=3)
+    assert order == ["in-process", "service"] * 3
+    assert medians == [{"sentences_per_s": 3}, {"sentences_per_s": 4}]
