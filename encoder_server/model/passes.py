@@ -40,7 +40,9 @@ class Pass:
     def pad(cls, ids, pooled, pad_id=0, type_ids=None):
         """A pass from per-row token ids, pooling masks and segments (no padding in them yet), each
         written through one mask of the real tokens rather than row by row: half the time for 32 rows,
-        as fast for 7, a few µs slower for one to four."""
+        as fast for 7, a few µs slower for two to four."""
+        if len(ids) == 1:
+            return cls._lone(ids, pooled, type_ids)
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         real = np.arange(lengths.max()) < lengths[:, None]
         input_ids = np.full(real.shape, pad_id, dtype=np.int64)
@@ -51,6 +53,15 @@ class Pass:
         if type_ids is not None:
             segments[real] = _joined(type_ids, lengths)
         return cls(input_ids, real.astype(np.int64), pool_mask, segments)
+
+    @classmethod
+    def _lone(cls, ids, pooled, type_ids):
+        """A pass of one row, which needs no padding: a lone request's, whose latency users feel. Its
+        fewer numpy calls matter most just after a pause, when their code is out of the caches: 45 µs
+        against 100 for a medium text then, 6 against 12 back to back."""
+        input_ids = np.array(ids, dtype=np.int64)
+        segments = np.zeros_like(input_ids) if type_ids is None else np.array(type_ids, dtype=np.int64)
+        return cls(input_ids, np.ones_like(input_ids), np.array(pooled, dtype=np.int64), segments)
 
     @classmethod
     def of(cls, rows, pad_id=0):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from encoder_server.model.arrays import concat_parts, pad_token_axis, stack_rows
-from encoder_server.model.passes import PASS_COST_TOKENS, Encoding, cut_by_length, group_sizes
+from encoder_server.model.passes import PASS_COST_TOKENS, Encoding, Pass, cut_by_length, group_sizes
 from encoder_server.server.batching import BULK, MIN_PADDING, PRIORITY, BatchPlanner, Tokenized
 from encoder_server.server.messages import Job
 
@@ -114,6 +114,20 @@ def test_padding_uses_pad_id_and_masks_are_right():
         assert list(batch.inputs.attention_mask[i]) == [1] * n + [0] * (6 - n)
         assert list(batch.inputs.pool_mask[i]) == pooled + [0] * (6 - n)
     assert [row for _, row in batch.rows] == [1, 2, 0]     # sorted by length 3, 4, 6
+
+
+@pytest.mark.parametrize("type_ids", [None, [[0, 0, 0, 1, 1]]])
+def test_a_lone_row_is_a_pass_of_its_own_arrays_as_a_padded_pass_would_hold_them(type_ids):
+    ids, pooled = [[101, 7592, 2088, 999, 102]], [[0, 1, 1, 1, 0]]
+    lone = Pass.pad(ids, pooled, pad_id=9, type_ids=type_ids)
+    beside = Pass.pad(ids + [[101, 102]], pooled + [[0, 0]], pad_id=9,
+                      type_ids=None if type_ids is None else type_ids + [[0, 0]])
+    for name in ("input_ids", "attention_mask", "pool_mask", "token_type_ids"):
+        array = getattr(lone, name)
+        assert array.dtype == np.int64 and array.shape == (1, 5), name
+        assert array.tolist() == getattr(beside, name)[:1].tolist(), name
+    assert lone.attention_mask.tolist() == [[1] * 5]
+    assert lone.token_type_ids.tolist() == (type_ids or [[0] * 5])
 
 
 # ----- priority -----
