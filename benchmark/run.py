@@ -104,31 +104,32 @@ class Suite:
         return rows
 
     def concurrency(self):
-        """Closed-loop clients, each sending `concurrency_batch` medium texts per request."""
+        """Closed-loop clients, each sending `concurrency_batch` medium texts per request. The servers
+        are all up at once and take turns on each client count (load.taking_turns)."""
         kind = "medium" if "medium" in self.plan.kinds else self.plan.kinds[0]
         texts = corpus.texts(kind, 2048 if self.plan.sentence_transformers else 64)
+        servers = self.served() + ([engines.Infinity(self.infinity, self.model, self.log_dir)] if self.infinity else [])
         rows = []
-        servers = self.served()
-        if self.infinity:
-            servers.append(engines.Infinity(self.infinity, self.model, self.log_dir))
-        for server in servers:
-            try:
-                engine = server.__enter__()
-            except RuntimeError as error:  # a peer that does not start is reported, not fatal
-                print(f"# skipped: {error}", flush=True)
-                continue
-            try:
-                for clients in self.plan.concurrency:
-                    in_flight = clients * self.plan.concurrency_batch
-                    warmup = min(10.0, 0.5 + in_flight / 100)
-                    window = max(self.plan.window_s, 1.5 * in_flight / 100)
-                    runs = [load.closed_loop(engine, texts, clients, self.plan.concurrency_batch, window,
-                                             self.tokens[kind], warmup=warmup) for _ in range(self.plan.repeats)]
+        with contextlib.ExitStack() as stack:
+            running = []
+            for server in servers:
+                try:
+                    running.append(stack.enter_context(server))
+                except RuntimeError as error:  # a peer that does not start is reported, not fatal
+                    print(f"# skipped: {error}", flush=True)
+            for clients in self.plan.concurrency:
+                in_flight = clients * self.plan.concurrency_batch
+                warmup = min(10.0, 0.5 + in_flight / 100)
+                window = max(self.plan.window_s, 1.5 * in_flight / 100)
+                medians = load.taking_turns(
+                    running, lambda engine: load.closed_loop(engine, texts, clients, self.plan.concurrency_batch,
+                                                             window, self.tokens[kind], warmup=warmup),
+                    self.plan.repeats)
+                for engine, median in zip(running, medians):
                     rows.append({"engine": engine.name, "kind": kind, "clients": clients,
-                                 "batch": self.plan.concurrency_batch, **load.median_of(runs)})
+                                 "batch": self.plan.concurrency_batch, **median})
                     _progress(rows[-1])
-            finally:
-                engine.__exit__()
+        for engine in running:
             _note_rss(rows, engine)
         return rows
 
