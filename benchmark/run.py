@@ -81,13 +81,10 @@ class Suite:
         and take turns on each cell (load.taking_turns)."""
         from encoder_server.settings import resolve
         rows = []
-        in_process = [lambda: engines.our_backend(resolve(model=self.model, num_worker=1,
-                                                          threads_per_worker=_cores()))]
-        if self.plan.sentence_transformers:
-            in_process.insert(0, lambda: engines.sentence_transformers(self.model, _cores()))
+        baseline = [engines.sentence_transformers(self.model, _cores())] if self.plan.sentence_transformers else []
+        ours = engines.our_backend(resolve(model=self.model, num_worker=1, threads_per_worker=_cores()))
         with contextlib.ExitStack() as stack:
-            running = [stack.enter_context(make() if callable(make) else make)
-                       for make in [*in_process, *self.served()]]
+            running = [stack.enter_context(engine) for engine in [*baseline, ours, *self.served()]]
             for kind in self.plan.kinds:
                 for batch in self.plan.batches:
                     count = self.plan.single_requests if batch == 1 else max(batch, self.plan.texts[kind])
@@ -169,12 +166,11 @@ class Suite:
         from encoder_server.settings import resolve
         texts = corpus.texts("short", self.plan.single_requests * 4)
         engines_by_label = {f"onnx backend in-process, {threads} thread(s)":
-                            lambda threads=threads: engines.our_backend(resolve(model=self.model, num_worker=1,
-                                                                                threads_per_worker=threads))
+                            engines.our_backend(resolve(model=self.model, num_worker=1, threads_per_worker=threads))
                             for threads in dict.fromkeys((1, _cores()))}
-        engines_by_label["service (onnx fp32, defaults)"] = lambda: self.service("service (onnx fp32, defaults)")
+        engines_by_label["service (onnx fp32, defaults)"] = self.service("service (onnx fp32, defaults)")
         with contextlib.ExitStack() as stack:
-            running = [stack.enter_context(make()) for make in engines_by_label.values()]
+            running = [stack.enter_context(engine) for engine in engines_by_label.values()]
             medians = load.taking_turns(
                 running, lambda engine: load.sequential(engine, texts, 1, self.tokens["short"]), self.plan.repeats)
         rows = [{"engine": label, **median} for label, median in zip(engines_by_label, medians)]
