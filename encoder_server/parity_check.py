@@ -16,8 +16,8 @@ import numpy as np
 
 from encoder_client import EncoderClient
 
-from .model.quantization_check import SAMPLE as INT8_SAMPLE
 from .model.quantization_check import neighbour_overlap, rank_correlation, row_cosine
+from .model.sample import SAMPLE as INT8_SAMPLE
 from .ports import free_port
 from .quickstart import wait_until_ready
 from .settings import resolve

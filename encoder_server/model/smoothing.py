@@ -1,7 +1,9 @@
 """Smoothing before int8 (SmoothQuant-like): move the outlier channels of each MatMul's input into
 its weight, so that per-tensor activation scales lose less, while the fp32 function stays the same.
-`activation_maxima` calibrates on the int8 check's built-in SAMPLE; `smooth` rewrites the graph."""
+`activation_maxima` calibrates on the built-in SAMPLE (model.sample); `smooth` rewrites the graph."""
 import numpy as np
+
+from .sample import SAMPLE
 
 
 def weight_matmuls(graph):
@@ -45,13 +47,12 @@ def smooth(graph, maxima, nodes, alpha, floor):
 
 
 def activation_maxima(path, spec, tensors, texts=None):
-    """{tensor: per-channel max |x| over the real tokens of `texts` (default: the int8 check's
+    """{tensor: per-channel max |x| over the real tokens of `texts` (default: the built-in
     SAMPLE)} for these float tensors of the ONNX file; texts run one at a time, so no padding."""
     import onnx
     import onnxruntime as ort
 
     from .passes import Pass
-    from .quantization_check import SAMPLE
     from .tokenizer import Tokenizer
 
     model = onnx.load(str(path))

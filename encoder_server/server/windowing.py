@@ -11,8 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from encoder_client.protocol import TOO_LARGE, ProtocolError
 
-from ..model.tokenizer import Tokenizer
-
 MAX_WAITING_CHARS = 8_000_000  # about 2 million tokens, and 0.8 GB of the tokenizer's memory at the most
 
 
@@ -56,6 +54,9 @@ class Windowing:
 
     def _tokenizer(self, model):
         if model not in self._tokenizers:
+            # imported on first use: a server that is never asked to embed long texts whole keeps the
+            # tokenizers library out of its ventilator (and of the supervisor, which imports this module)
+            from ..model.tokenizer import Tokenizer
             self._tokenizers[model] = Tokenizer.for_spec(self.models[model])
         return self._tokenizers[model]
 

@@ -35,7 +35,7 @@ from encoder_client.protocol import BAD_REQUEST
 
 from ..model.cpus import lone_lane_threads
 from ..model.prepare import open_model
-from ..model.quantization_check import SAMPLE
+from ..model.sample import SAMPLE
 from ..processes import start_child
 from . import fault_injection, messages
 from .batching import BULK, PRIORITY, BatchPlanner, Tokenized

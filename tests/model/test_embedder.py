@@ -59,12 +59,14 @@ def test_bad_input_is_named(embedder, texts, error, message):
 
 
 def test_light_processes_never_load_the_model_libraries():
-    """The CLI, settings (and the pooling names and widths they read), the gateway, the ventilator
-    and the sink import neither torch nor transformers nor onnxruntime; Embedder loads its own
-    libraries on first use, and those are not torch or transformers either."""
+    """The CLI, settings (and the pooling names and widths they read), the gateway, the supervisor,
+    the ventilator and the sink import neither torch nor transformers nor onnxruntime, nor even the
+    tokenizers library (the ventilator loads it only for long texts embedded whole); Embedder loads
+    its own libraries on first use, and those are not torch or transformers either."""
     code = ("import sys, encoder_server, encoder_server.cli, encoder_server.settings, encoder_server.gateway.serve, "
-            "encoder_server.gateway.metrics_exporter, encoder_server.server.ventilator, encoder_server.server.sink; "
-            "heavy = [name for name in ('torch', 'transformers', 'onnxruntime') if name in sys.modules]; "
+            "encoder_server.gateway.metrics_exporter, encoder_server.server.supervisor, "
+            "encoder_server.server.ventilator, encoder_server.server.sink; "
+            "heavy = [name for name in ('torch', 'transformers', 'onnxruntime', 'tokenizers') if name in sys.modules]; "
             "assert not heavy, heavy; encoder_server.Embedder; assert 'tokenizers' in sys.modules; "
             "assert not {'torch', 'transformers'} & set(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

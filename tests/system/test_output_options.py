@@ -9,7 +9,7 @@ from conftest import random_texts
 from encoder_client import ServerError
 from encoder_server.model import load
 from encoder_server.model.arrays import normalize_rows
-from encoder_server.model.quantization_check import SAMPLE
+from encoder_server.model.sample import SAMPLE
 
 LONG = " ".join(random_texts(400, seed=7, min_words=10, max_words=10))  # about 4,000 tokens: 94 windows
 
