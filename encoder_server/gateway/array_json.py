@@ -13,5 +13,7 @@ class ArrayJSONResponse(Response):
     def render(self, content):
         try:
             return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
-        except orjson.JSONEncodeError:  # what orjson cannot write (an id beyond 64 bits): the slow way
+        except orjson.JSONEncodeError:
+            # what orjson cannot write (an id beyond 64 bits, a lone surrogate that a request's JSON
+            # held as an escape): the slow way, which escapes every character outside ASCII
             return json.dumps(content, default=lambda array: array.tolist()).encode()

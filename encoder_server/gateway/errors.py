@@ -2,12 +2,12 @@
 the two error bodies (OpenAI's on /v1, bert-as-service's on /encode)."""
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from encoder_client import ConnectionLostError, RequestTooLargeError, ServerBusyError, ServerError
 from encoder_client.protocol import BAD_REQUEST, DRAINING, NOT_FOUND, TOO_LARGE
 
+from .array_json import ArrayJSONResponse
 from .limits import RETRY_LATER
 
 
@@ -68,7 +68,9 @@ def bert_body(error, request_id=None):
 
 
 def render(request, error):
-    """The response for `error` in the body shape of the route family that raised it."""
+    """The response for `error` in the body shape of the route family that raised it. Its message may
+    quote the request (a model's name, an id), lone surrogates included, which ArrayJSONResponse
+    escapes where UTF-8 cannot hold them."""
     path = request.url.path
     if path.startswith("/v1"):
         body = openai_body(error)
@@ -76,7 +78,7 @@ def render(request, error):
         body = bert_body(error, getattr(request.state, "encode_id", None))
     else:
         body = {"error": error.message}
-    return JSONResponse(body, status_code=error.status, headers=error.headers)
+    return ArrayJSONResponse(body, status_code=error.status, headers=error.headers)
 
 
 def validation_error(error):

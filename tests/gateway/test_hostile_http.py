@@ -35,3 +35,25 @@ def test_the_api_key_is_checked_before_the_body_is_read(keyed_gateway):
     response = connection.getresponse()  # raises socket.timeout if the gateway waits for the body
     assert response.status == 401 and json.loads(response.read())["error"]["code"] == "invalid_api_key"
     connection.close()
+
+
+def test_lone_surrogates_quoted_back_are_escaped_not_a_500(keyed_gateway):
+    """A JSON escape such as \\ud800 decodes to a lone surrogate, which UTF-8 cannot encode; an error
+    message that quotes it (an unknown model's name) or an id echoed back still makes a response,
+    the surrogate escaped again, so the client reads back what it sent."""
+    lone = "\ud800x"
+    for path, body, status in (("/encode", {"id": lone, "texts": None}, 400),
+                               ("/encode", {"id": lone, "texts": ["a"], "is_tokenized": lone}, 400),
+                               ("/v2/embed", {"model": lone, "texts": ["a"], "input_type": "search_query",
+                                              "embedding_types": ["float"]}, 404),
+                               ("/embed_sparse", {"model": lone, "inputs": ["a"]}, 404),
+                               ("/rerank", {"model": lone, "query": "a", "texts": ["b"]}, 404),
+                               ("/encode", {"id": lone, "texts": ["a"]}, 200)):
+        content = json.dumps(body)  # ASCII, the surrogate as an escape
+        response = keyed_gateway.post(path, None, content=content, **authorized(**JSON_BODY))
+        assert response.status_code == status, (path, body, response.text)
+        answer = json.loads(response.content)  # raises if the body is not JSON
+        if path == "/encode":
+            assert answer["id"] == lone, answer
+        elif status == 404:
+            assert lone in json.dumps(answer, ensure_ascii=False), answer

@@ -1,6 +1,8 @@
 """Reranking and several models over HTTP, with real third-party clients: the cohere SDK (v1 and v2
 clients), LangChain's and LlamaIndex's Cohere rerankers and the openai SDK, all pointed at the
 gateway of a server serving an embedder and a cross-encoder; TEI's /rerank with httpx."""
+import json
+
 import cohere
 import httpx
 import numpy as np
@@ -71,9 +73,14 @@ def test_tei_rerank_route(several_models_server, expected):
     ("/v2/rerank", {"query": " ", "documents": ["a"]}, 400, "query"),
     ("/v2/rerank", {"query": QUERY, "documents": [{"title": "no text"}]}, 400, "documents[0]"),
     ("/rerank", {"query": QUERY, "texts": ["a", "\u200b"]}, 400, "texts[1]"),
+    ("/rerank", {"query": QUERY, "texts": ["a", "\ud800"]}, 400, "texts[1]"),  # a lone surrogate
+    ("/v2/rerank", {"query": "\ud800", "documents": ["a"], "return_documents": True}, 400, "query"),
+    ("/v1/rerank", {"query": QUERY, "documents": ["a"], "model": "\ud800"}, 404, "does not exist"),
 ])
 def test_bad_rerank_requests_get_errors_that_say_why(several_models_server, path, body, status, words):
-    response = httpx.post(several_models_server.http_url + path, json=body, timeout=30)
+    """The bodies go as ASCII JSON, so that lone surrogates travel as escapes."""
+    response = httpx.post(several_models_server.http_url + path, content=json.dumps(body),
+                          headers={"Content-Type": "application/json"}, timeout=30)
     assert response.status_code == status and words in response.text, response.text
 
 
