@@ -24,6 +24,7 @@ from . import messages
 from .assembly import Assembler, PartError
 from .backlog import Backlog, size_of
 from .ownership import Owners
+from .quiet_log import QuietLog
 from .sockets import (NOBLOCK, POLL_MS, let_queued_messages_out, make_socket, peer_address, send_frames, user_id,
                       waiting)
 from .subscriptions import Subscriptions, parse_change
@@ -35,7 +36,6 @@ CHECK_INTERVAL = 1.0
 PUBLISH_HWM = 1
 ROOM_POLL_MS = 2  # the longest wait for ZeroMQ's word of room while a reader is taking replies
 ERROR_RESERVE = 1 << 20  # bytes of error replies an identity may have waiting beyond its budget
-WARN_EVERY = 10
 SLOW_AFTER = 1.0  # seconds a reader may take no reply while some wait before the log calls it slow
 # seconds a stopping sink still offers held replies to their readers (the supervisor waits 10 s for it)
 FLUSH_ON_STOP = 5.0
@@ -53,7 +53,7 @@ class Sink:
         unread_bytes = settings.max_unread_mb << 20
         self.backlog = Backlog(per_identity=unread_bytes, total=unread_bytes)
         self.owners = Owners()  # under CURVE, the client key each identity belongs to
-        self.quiet_until = {}  # warning kind -> when it may be logged again (a flood must not flood the log)
+        self.quiet = QuietLog(self.log)  # what peers cause: a flood must not flood the log
         self.flush_until = None  # once asked to stop: until when it still offers held replies
         context = zmq.Context.instance()
         curve, self.authenticator = curve_for(context, settings)
@@ -120,9 +120,9 @@ class Sink:
         message = frame.bytes
         change = parse_change(message)
         if change is None:
-            if message[:1] == b"\x01" and self.may_warn("refused"):
-                self.log.warning("refused a subscription to %r: only a client identity followed by a NUL byte, or "
-                                 "a bert-serving-client UUID (one such line per %ds)", message[1:40], WARN_EVERY)
+            if message[:1] == b"\x01":
+                self.quiet.warning("refused", "refused a subscription to %r: only a client identity followed by a "
+                                   "NUL byte, or a bert-serving-client UUID", message[1:40])
             return
         owned = self.owners.claim(change.identity, user_id(frame, self.authenticator is not None))
         if self.subscriptions.update(change, owned):
@@ -137,8 +137,7 @@ class Sink:
     def refuse(self, identity, why):
         """Tell the subscriber just refused why: its connection takes the refusal's topic (the
         identity's own subscribers, whose topic is a prefix of it, get the refusal too and ignore it)."""
-        if self.may_warn("not owned"):
-            self.log.warning("refused a subscription to %r: %s (one such line per %ds)", identity[:64], why, WARN_EVERY)
+        self.quiet.warning("not owned", "refused a subscription to %r: %s", identity[:64], why)
         refusal = encode_refusal(identity, why)
         self.publish.setsockopt(zmq.SUBSCRIBE, refusal[0])
         self.send(refusal)
@@ -154,9 +153,8 @@ class Sink:
             self.on_bad_parts(messages.job_ids_in(frames), frames[0], error)
             return
         if not isinstance(message, messages.Parts):
-            if self.may_warn("not a part"):
-                self.log.warning("dropped a %s message from a worker, which it may not send (one such line per "
-                                 "%ds)", type(message).__name__, WARN_EVERY)
+            self.quiet.warning("not a part", "dropped a %s message from a worker, which it may not send",
+                               type(message).__name__)
             return
         done, completed = [], []
         for part in message.parts:
@@ -177,9 +175,8 @@ class Sink:
         """Report the jobs of parts that could not be used; `first_frame` tells whether they came over
         the network (a part from the network that names a local worker's job is forged)."""
         remote = peer_address(first_frame) is not None
-        if self.may_warn("bad part"):
-            self.log.warning("dropped a message from a worker%s: %s (one such line per %ds)",
-                             f" (jobs {', '.join(map(str, job_ids[:8]))})" if job_ids else "", error, WARN_EVERY)
+        self.quiet.warning("bad part", "dropped a message from a worker%s: %s",
+                           f" (jobs {', '.join(map(str, job_ids[:8]))})" if job_ids else "", error)
         for job_id in job_ids:
             self.feedback.send_multipart(messages.BadPart(job_id, remote).frames())
 
@@ -258,9 +255,8 @@ class Sink:
         """Say in the log that a listening reader is not keeping up, once it has taken no reply
         for SLOW_AFTER while some wait (checked on a timer: its replies may all have come before)."""
         slow = [identity for identity in self.backlog.stalled(SLOW_AFTER) if self.subscriptions.is_listening(identity)]
-        if slow and self.may_warn("slow"):
-            self.log.warning("the reader of %r is not keeping up; holding its replies (one such line per %ds)",
-                             slow[0][:64], WARN_EVERY)
+        if slow:
+            self.quiet.warning("slow", "the reader of %r is not keeping up; holding its replies", slow[0][:64])
 
     def release(self):
         """Offer the backlog's replies again, and let go of those that waited too long."""
@@ -273,9 +269,8 @@ class Sink:
         result is replaced by an error that says why (if that fits the reserve)."""
         for identity in dict.fromkeys(held.identity for held in dropped):
             lost = [held for held in dropped if held.identity == identity]
-            if self.may_warn("dropped"):
-                self.log.warning("dropped %d replies for %r: %s (at most %d MB, --max-unread-mb; one such line per "
-                                 "%ds)", len(lost), identity[:64], why, self.settings.max_unread_mb, WARN_EVERY)
+            self.quiet.warning("dropped", "dropped %d replies for %r: %s (at most %d MB, --max-unread-mb)",
+                               len(lost), identity[:64], why, self.settings.max_unread_mb)
             self.feedback.send_multipart(messages.Unread(identity, len(lost)).frames())
             for req_id in dict.fromkeys(int(bytes(held.frames[-1])) for held in lost if not held.reserve):
                 self.deliver(identity, encode_error(identity, req_id, UNREAD_ERROR % (
@@ -288,14 +283,6 @@ class Sink:
             return True
         except zmq.Again:
             return False
-
-    def may_warn(self, kind):
-        """True at most once per WARN_EVERY seconds for each kind of warning."""
-        now = time.monotonic()
-        if now < self.quiet_until.get(kind, 0.0):
-            return False
-        self.quiet_until[kind] = now + WARN_EVERY
-        return True
 
     def close(self):
         if self.authenticator is not None:

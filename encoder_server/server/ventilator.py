@@ -33,6 +33,7 @@ from .intake import (check_result_size, long_texts, model_choices, model_index, 
                      served_model)
 from .liveness import HEARTBEAT_INTERVAL, Liveness
 from .ownership import Owners
+from .quiet_log import QuietLog
 from .scheduling import Dispatcher
 from .sockets import (NOBLOCK, POLL_MS, let_queued_messages_out, make_socket, peer_address, send_frames, user_id,
                       waiting)
@@ -44,6 +45,7 @@ class Ventilator:
         self.settings = settings
         self.models = settings.all_models  # the default model first
         self.log = log
+        self.quiet = QuietLog(log)  # what peers cause: a flood of bad requests must not flood the log
         self.supervisor = supervisor  # a multiprocessing Connection, or None
         self.dispatcher = Dispatcher(settings.priority_batch_size, settings.max_batch_size,
                                      settings.prefetch_size, first_job_id=_random_start())
@@ -131,7 +133,7 @@ class Ventilator:
         try:
             yield
         except ProtocolError as error:
-            self.log.warning("bad request from %s: %s", peer or "?", error)
+            self.quiet.warning("bad request", "bad request from %s: %s", peer or "?", error)
             if error.identity is not None:
                 message = str(error) if error.code == NOT_FOUND else f"bad request: {error}"
                 self.reply_error(error.identity, error.req_id, message, error.code)
@@ -180,7 +182,7 @@ class Ventilator:
             self.publish(encode_data(request.identity, request.req_id,
                                      self.books.status(self.dispatcher, self.liveness, self.draining)))
         elif not (is_loopback(peer) or self.settings.authorized_clients):
-            self.log.warning("refused TERMINATION from non-loopback peer %s", peer)
+            self.quiet.warning("termination", "refused TERMINATION from non-loopback peer %s", peer)
             self.reply_error(request.identity, request.req_id,
                              "TERMINATION is accepted only from loopback or an authorized client key", FORBIDDEN)
         else:
@@ -380,8 +382,8 @@ class Ventilator:
         if worker is None:
             return
         if message.remote and self.liveness.is_local(worker):
-            self.log.warning("a part from the network named job %d of local %s; ignored", message.job_id,
-                             worker.decode(errors="replace"))
+            self.quiet.warning("forged part", "a part from the network named job %d of local %s; ignored",
+                               message.job_id, worker.decode(errors="replace"))
             return
         self.lose(self.liveness.misbehaved(worker, time.monotonic(), "sent a part the sink could not use"))
 

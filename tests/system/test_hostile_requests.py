@@ -10,7 +10,7 @@ import zmq
 from conftest import (FAULTS, peak_rss_mb, random_texts, raw_push, raw_sockets, raw_sub, replies, running_server,
                       settled_status, wait_for)
 from encoder_client import ServerError
-from encoder_client.protocol import decode_reply
+from encoder_client.protocol import decode_reply, topic
 from http_helpers import authorized
 
 pytestmark = pytest.mark.timeout(300)
@@ -137,6 +137,22 @@ def test_hostile_frames_get_error_replies_and_others_never_notice(tiny_server):
                      "msg_len is 7", "texts[0]", "options"):
         assert fragment in joined
     assert first.shape == (40, 32) and len(rest) == 19 and big_text.shape == (1, 32)
+    sender.close()
+    receiver.close()
+
+
+def test_a_flood_of_bad_requests_gets_every_reply_and_a_log_line_per_10_seconds(tiny_server):
+    """Each bad request gets its error reply, but the log, which any client could otherwise fill at
+    will (a fuzzer's 90,000 bad requests in 100 s once made 90,000 lines, 10 MB), gets one line
+    per 10 s."""
+    identity, count = b"flooding-peer", 3000
+    sender, receiver = raw_push(tiny_server), raw_sub(tiny_server, topic(identity))
+    before = tiny_server.log.count("bad request from")
+    for req_id in range(count):
+        sender.send_multipart([identity, b'[""]', b"%d" % req_id, b"1"])
+    codes = [body["code"] for _, body, _ in replies(receiver, count)]
+    assert codes == ["bad_request"] * count
+    assert tiny_server.log.count("bad request from") - before <= 2
     sender.close()
     receiver.close()
 
