@@ -78,14 +78,13 @@ class ScrapeServer(ThreadingMixIn, WSGIServer):
 
     @classmethod
     def listening(cls, host, port, app):
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        server_class = type(cls.__name__, (cls,), {"address_family": family})
-        return make_server(host, port, app, server_class, handler_class=QuietHandler)
+        return make_server(host, port, app, cls, handler_class=QuietHandler)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, address, *args, **kwargs):
+        self.address_family = socket.getaddrinfo(*address, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         self.opened = {}  # connection -> when it opened
         self.lock = threading.Lock()
-        super().__init__(*args, **kwargs)
+        super().__init__(address, *args, **kwargs)
 
     def process_request(self, request, client_address):
         with self.lock:

@@ -54,26 +54,6 @@ def test_json_logs_from_every_process_and_an_access_log_on_the_gateway(tiny_mode
     assert not [line for line in text_lines if " INFO " in line or " WARNING " in line], text_lines[:5]
 
 
-def _child_named(parent_pid, name):
-    """The pid of the child of `parent_pid` whose /proc comm is `name`, or None."""
-    from pathlib import Path
-
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == parent_pid and (stat.parent / "comm").read_text().strip() == name:
-                return int(stat.parent.name)
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-    return None
-
-
-def _threads(pid):
-    from pathlib import Path
-
-    return len(list(Path(f"/proc/{pid}/task").iterdir()))
-
-
 def test_the_metrics_port_bounds_stalled_connections_and_cuts_them_at_a_deadline(tiny_model, tmp_path):
     """Connections that send half a request head and stall once held a thread each, for ever (300
     of them: 300 threads). Now at most MAX_SCRAPES are served at once and each is cut
@@ -81,6 +61,7 @@ def test_the_metrics_port_bounds_stalled_connections_and_cuts_them_at_a_deadline
     import socket
 
     import httpx
+    import psutil
 
     from encoder_server.gateway.metrics_exporter import MAX_SCRAPES, SCRAPE_DEADLINE
 
@@ -89,15 +70,15 @@ def test_the_metrics_port_bounds_stalled_connections_and_cuts_them_at_a_deadline
     url = f"http://127.0.0.1:{metrics_port}/metrics"
     with running_server(tiny_model, tmp_path=tmp_path, env=env) as server:
         wait_for(lambda: status_code(url) == 200, timeout=30)
-        exporter = _child_named(server.process.pid, "metrics")
-        idle_threads = _threads(exporter)
+        exporter = next(child for child in psutil.Process(server.process.pid).children() if child.name() == "metrics")
+        idle_threads = exporter.num_threads()
         stalled = []
         for _ in range(MAX_SCRAPES + 10):
             connection = socket.create_connection(("127.0.0.1", metrics_port), timeout=5)
             connection.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the end of the head
             stalled.append(connection)
-        assert _threads(exporter) <= idle_threads + MAX_SCRAPES
-        wait_for(lambda: _threads(exporter) <= idle_threads, timeout=2 * SCRAPE_DEADLINE)  # every one cut
+        assert exporter.num_threads() <= idle_threads + MAX_SCRAPES
+        wait_for(lambda: exporter.num_threads() <= idle_threads, timeout=2 * SCRAPE_DEADLINE)  # every one cut
         assert "encoder_up 1.0" in httpx.get(url, timeout=5).text
         for connection in stalled:
             connection.close()
