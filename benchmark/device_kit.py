@@ -22,8 +22,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from encoder_server.model.model_folder import default_model_path
-
 LIMIT = 64 << 20             # bytes that travel with the working tree, this kit included
 WHEELS = ("pyzmq", "orjson")  # what the GPU machines lack of the server's own needs
 NARROWED = "narrowed"         # the fp16 file's metadata key: {tensor name: its own dtype}
@@ -33,6 +31,7 @@ SKIPPED = ("*.onnx", "*.onnx.data", "*.bin", "*.h5", "*.msgpack", "*.ot")
 def pack(kit, model=None, wheels=True):
     """Fill `kit` with the model folder (None: the bundled model), weights narrowed, and with
     `wheels`, the wheels; returns the kit's size in bytes, which must stay well under LIMIT."""
+    from encoder_server.model.model_folder import default_model_path  # (unpack runs where pyzmq is not yet)
     kit = Path(kit)
     source = Path(model) if model else default_model_path()
     target = kit / "model"
