@@ -8,17 +8,21 @@ earlier round), with SDPA (torch's cuDNN attention allowed and not) and with eag
 server's passes rarely repeat a shape, and cuDNN's attention builds a plan for each new one
 (encoder_server.model.torch_backend.without_per_shape_attention_plans).
 
-Last, one short text per pass, as a batch-1 request runs: milliseconds per pass.
+Then one short text per pass, as a batch-1 request runs: milliseconds per pass.
 
-    DEVICE=cuda python -m benchmark.cuda_passes MODEL_FOLDER [--count 4096] [--only warmed unseen single]
+Last, the torch backend as a worker runs it, with and without CUDA graphs (model.cuda_graphs): the
+planned passes (texts per second) and one short text per pass (milliseconds, p50 and p90).
 
-Measured on an H200 on 2026-11-27 with the bundled model: README, "Not yet".
+    DEVICE=cuda python -m benchmark.cuda_passes MODEL_FOLDER [--count 4096] [--only warmed unseen single graphs]
+
+Measured on H200s on 2026-11-27 with the bundled model: README, "Compute" (CUDA).
 """
 import argparse
 import json
 import os
 import statistics
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -33,7 +37,7 @@ from .corpus import texts as corpus
 DEVICE = os.environ.get("DEVICE", "cuda")
 COUNT = 4096
 SINGLE_TEXTS = 200
-MEASURES = ("warmed", "unseen", "single")
+MEASURES = ("warmed", "unseen", "single", "graphs")
 
 
 def padded_to_8(inputs):
@@ -83,7 +87,7 @@ def main(argv=None):
     parser.add_argument("--count", type=int, default=COUNT, help="texts of each kind")
     parser.add_argument("--only", nargs="+", choices=MEASURES, default=list(MEASURES),
                         help="warmed: passes as planned, warmed up; unseen: passes of unseen shapes (cuda); "
-                             "single: one short text per pass")
+                             "single: one short text per pass; graphs: the backend with and without CUDA graphs")
     args = parser.parse_args(argv)
     results = {}
     for kind in ("short", "medium"):
@@ -98,6 +102,8 @@ def main(argv=None):
                 results.update(unseen_shapes(kind, fp16, spec, planned, len(texts)))
             if "single" in args.only and kind == "short":
                 results.update(one_text_passes(fp16, spec, tokenizer, texts[:SINGLE_TEXTS]))
+            if "graphs" in args.only and DEVICE == "cuda":
+                results.update(graphed(kind, fp16, spec, tokenizer, planned, texts))
     print(json.dumps(results, indent=1))
 
 
@@ -144,6 +150,33 @@ def one_text_passes(fp16, spec, tokenizer, texts):
         results[key] = [round(1e3 * times[len(times) // 2], 2), round(1e3 * times[len(times) * 9 // 10], 2)]
         print(key, results[key], flush=True)
     torch.backends.cuda.enable_cudnn_sdp(True)
+    return results
+
+
+def graphed(kind, fp16, spec, tokenizer, planned, texts):
+    """The planned passes, and for short texts one text per pass, through the torch backend with
+    and without CUDA graphs (model.cuda_graphs), after a round over the same passes."""
+    from encoder_server.model.torch_backend import TorchBackend
+    passes = {"planned": planned}
+    if kind == "short":
+        passes["one text"] = [inputs for text in texts[:SINGLE_TEXTS]
+                              for _, inputs in plan_passes(tokenizer.tokenize([text]), spec.max_batch_tokens, 1)]
+    results = {}
+    for graphs in (False, True):
+        backend = TorchBackend(replace(spec, cuda_graphs=graphs))
+        for name, runs in passes.items():
+            for inputs in runs:
+                backend.run(inputs)
+            times = []
+            for inputs in runs:
+                started = time.perf_counter()
+                backend.run(inputs)
+                times.append(time.perf_counter() - started)
+            key = f"{kind} {'fp16' if fp16 else 'fp32'} {name}, {'CUDA graphs' if graphs else 'eager'}"
+            p90 = sorted(times)[len(times) * 9 // 10]
+            results[key] = (round(len(texts) / sum(times)) if name == "planned" else
+                            [round(1e3 * statistics.median(times), 2), round(1e3 * p90, 2)])
+            print(key, results[key], "texts/s" if name == "planned" else "p50 and p90 ms a pass", flush=True)
     return results
 
 

@@ -13,6 +13,9 @@
 #   passes    the model alone on the service's passes, warmed up: fp32 and fp16, SDPA and eager
 #   precision the model's rows in fp16 and bf16 against fp32 on the GPU (benchmark/half_precision.py)
 #   pipeline  the server's own ceiling on the zero backend, on the host's 16 cores, clients in 8 processes
+#   graphs    CUDA graphs (on by default): their CUDA tests, the backend with and without them
+#             (benchmark/cuda_passes.py), and the service at 8 workers in fp16 with and without them, 8 in
+#             fp32 and 4 in fp16 with them, beside sentence-transformers in fp16
 #
 #   device run, carry [".device"], timeout_s 600:  bash benchmark/gpu_session.sh
 #   a second call, if device time is left:         bash benchmark/gpu_session.sh precision pipeline passes
@@ -50,8 +53,12 @@ for name in $STEPS; do
         passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --only warmed ;;
         sweep) step gpu-sweep 300 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --out "$OUT/gpu-sweep.json" ;;
         precision) DEVICE=cuda step half-precision 60 "$PYTHON" -m benchmark.half_precision "$MODEL" ;;
+        graphs) step graph-tests 120 "$PYTHON" -m pytest -v -p no:cacheprovider -m cuda tests/cuda -k "graphs or memory"
+                DEVICE=cuda step graph-passes 60 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --count 1024 --only graphs
+                step graph-sweep 200 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --baselines fp16 --services \
+                    8:fp16 8:fp16:eager 8:fp32 4:fp16 --out "$OUT/graph-sweep.json" ;;
         pipeline) step pipeline 120 "$PYTHON" -m benchmark.pipeline --model "$MODEL" --seconds 5 --repeats 1 \
                       --loaders 8 --out "$OUT/pipeline.json" ;;
-        *) echo "unknown step $name (tests, model, sweep, passes, precision, pipeline)"; exit 2 ;;
+        *) echo "unknown step $name (tests, model, sweep, passes, precision, pipeline, graphs)"; exit 2 ;;
     esac
 done

@@ -4,16 +4,17 @@ in-process on the same device, for issue 31's goals 1 (fp16 faster than fp32), 2
 of 3 ms), in one device call:
 
     python -m benchmark.gpu_sweep MODEL [--workers 4 8] [--wide-rows 256] [--seconds 5] [--repeats 1]
-                                        [--out FILE]
+                                        [--services 8:fp16 8:fp16:eager ...] [--baselines fp16] [--out FILE]
 
 Each configuration is one server (`--device cuda --num-worker N`, with and without `--fp16`; the
 most workers once more with `--max-batch-size` at --wide-rows, passes of up to that many rows, as
-sentence-transformers runs them, against the default 64) under the loads of the issue's table: 32
-closed-loop clients sending 32 short texts; one client sending 20,000 short texts, then 4,000 medium
-ones, in requests of 256; one client sending 200 short texts one at a time (its p50 is the batch-1
-latency). sentence-transformers (fp32 and fp16, batch 256) takes the one-client lists, first, so
-that the baseline is there even if the sweep is stopped early. Each one-client list runs once as a
-warm-up first, so that every engine has met its shapes. A row per engine and load, printed as it is
+sentence-transformers runs them, against the default 64; or the configurations --services names,
+such as without CUDA graphs) under the loads of the issue's table: 32 closed-loop clients sending
+32 short texts; one client sending 20,000 short texts, then 4,000 medium ones, in requests of 256;
+one client sending 200 short texts one at a time (its p50 is the batch-1 latency).
+sentence-transformers (fp32 and fp16, batch 256) takes the one-client lists, first, so that the
+baseline is there even if the sweep is stopped early. Each one-client list runs once as a warm-up
+first, so that every engine has met its shapes. A row per engine and load, printed as it is
 measured (JSON lines), and with --out all rows with the device's name. DEVICE=cpu runs the same on
 the CPU, fp32 only: a check of the machinery.
 """
@@ -31,14 +32,17 @@ from benchmark import corpus, engines, load  # noqa: E402
 DEVICE = os.environ.get("DEVICE", "cuda")
 
 
-def engines_to_run(model, workers, log_dir, wide_rows=0):
+def engines_to_run(model, workers, log_dir, wide_rows=0, services=None, baselines=None):
     """(name, maker of the engine, whether it runs in this process) of every engine: first the
-    baseline, sentence-transformers with batches of 256, in fp32 and on cuda in fp16; then the service
-    at each worker count in the same precisions, and with `wide_rows` the most workers again with
-    passes of that many rows."""
+    baseline, sentence-transformers with batches of 256, in fp32 and on cuda in fp16 (or in the
+    `baselines` precisions named); then the service at each worker count in the same precisions,
+    and with `wide_rows` the most workers again with passes of that many rows; or else the
+    `services` named (parse_service)."""
     precisions = [False] + ([True] if DEVICE == "cuda" else [])
+    if baselines is not None:
+        precisions = [name == "fp16" for name in baselines]
     counts = [(count, None) for count in workers] + ([(max(workers), wide_rows)] if wide_rows else [])
-    services = [_service(count, fp16, rows) for count, rows in counts for fp16 in precisions]
+    services = services or [_service(count, fp16, rows) for count, rows in counts for fp16 in precisions]
     return [(f"sentence-transformers, {_precision(fp16)}",
              lambda fp16=fp16: engines.sentence_transformers(model, os.cpu_count(), DEVICE, 256, fp16), True)
             for fp16 in precisions] + \
@@ -46,11 +50,23 @@ def engines_to_run(model, workers, log_dir, wide_rows=0):
          for name, flags in services]
 
 
-def _service(count, fp16, rows):
-    """(name, flags) of the service at `count` workers, in fp16 or not, `rows` a pass (None: the default)."""
-    name = f"{count} worker{'s' if count > 1 else ''}, {_precision(fp16)}" + (f", {rows} rows a pass" if rows else "")
+def _service(count, fp16, rows=None, eager=False):
+    """(name, flags) of the service at `count` workers, in fp16 or not, `rows` a pass (None: the
+    default), `eager`: without CUDA graphs (which torch on cuda runs by default)."""
+    name = f"{count} worker{'s' if count > 1 else ''}, {_precision(fp16)}" + (f", {rows} rows a pass" if rows else "") \
+        + (", no CUDA graphs" if eager else "")
     return name, ("--device", DEVICE, "--num-worker", str(count), *(("--fp16",) if fp16 else ()),
-                  *(("--max-batch-size", str(rows)) if rows else ()))
+                  *(("--max-batch-size", str(rows)) if rows else ()), *(("--no-cuda-graphs",) if eager else ()))
+
+
+def parse_service(text):
+    """A service configuration named as WORKERS:PRECISION[:eager][:rowsN], such as 8:fp16:eager."""
+    count, precision, *options = text.split(":")
+    if precision not in ("fp32", "fp16") or not count.isdigit() or \
+            not all(option == "eager" or option.startswith("rows") and option[4:].isdigit() for option in options):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WORKERS:fp32|fp16[:eager][:rowsN]")
+    rows = next((int(option[4:]) for option in options if option.startswith("rows")), None)
+    return _service(int(count), precision == "fp16", rows, "eager" in options)
 
 
 def _precision(fp16):
@@ -103,9 +119,11 @@ def default_workers():
     return default_cuda_workers(usable_cpus()) if DEVICE == "cuda" else None
 
 
-def measure(model, workers, seconds=5.0, repeats=1, texts=(20_000, 4_000), log_dir="/tmp", wide_rows=0):
+def measure(model, workers, seconds=5.0, repeats=1, texts=(20_000, 4_000), log_dir="/tmp", wide_rows=0,
+            services=None, baselines=None):
     """The whole sweep: what --out writes."""
-    rows = sweep(engines_to_run(model, workers, log_dir, wide_rows), cells(seconds, *texts), repeats)
+    rows = sweep(engines_to_run(model, workers, log_dir, wide_rows, services, baselines), cells(seconds, *texts),
+                 repeats)
     return {"device": device_name(), "default_workers": default_workers(), "rows": rows}
 
 
@@ -115,6 +133,11 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--wide-rows", type=int, default=256,
                         help="the most workers once more with passes of up to this many rows (0: not)")
+    parser.add_argument("--services", type=parse_service, nargs="+",
+                        help="these configurations instead, each WORKERS:fp32|fp16[:eager][:rowsN] "
+                             "(eager: without CUDA graphs)")
+    parser.add_argument("--baselines", nargs="*", choices=("fp32", "fp16"),
+                        help="sentence-transformers in these precisions (default: fp32, and fp16 on cuda)")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--texts", type=int, nargs=2, default=[20_000, 4_000], metavar=("SHORT", "MEDIUM"),
@@ -122,7 +145,8 @@ def main(argv=None):
     parser.add_argument("--out", help="a JSON file for every row")
     parser.add_argument("--log-dir", default="/tmp")
     args = parser.parse_args(argv)
-    result = measure(args.model, args.workers, args.seconds, args.repeats, args.texts, args.log_dir, args.wide_rows)
+    result = measure(args.model, args.workers, args.seconds, args.repeats, args.texts, args.log_dir, args.wide_rows,
+                     args.services, args.baselines)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return 0

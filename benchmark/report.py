@@ -151,18 +151,21 @@ def _pipeline_table(rows):
 
 
 def _gpu_table(gpu):
+    """The `gpu` scenario's sweep, or several sweeps (each from its own machine, with its own note)."""
     lines = ["## GPU", ""]
     if not gpu or "skipped" in gpu:
         why = gpu["skipped"] if gpu else "not run"
         return lines + [f"Not measured in these results ({why}): `python -m benchmark.run --only gpu` on a host with "
-                        "a CUDA device adds this table. The CUDA paths have run on an H200: correct, but slower than "
-                        "they should be (issue 31; figures in the shared MEASURED.md).", ""]
-    lines += [f"{gpu['device']}: the service (a worker per two CPUs by default here: {gpu['default_workers']}) against "
-              "sentence-transformers in-process on the same device (batch 256), `benchmark/gpu_sweep.py`.", "",
-              "| engine | cell | texts/s | p50 ms | p99 ms |", "|---|---|---|---|---|"]
-    lines += [f"| {row['configuration']} | {row['cell']} | {row['texts_per_s']:,.0f} | {row['p50_ms']} | "
-              f"{row['p99_ms']} |" for row in gpu["rows"]]
-    return lines + [""]
+                        "a CUDA device adds this table. The CUDA paths have run on H200s (issue 31, "
+                        "benchmark/results/issue31-gpu).", ""]
+    for sweep in gpu if isinstance(gpu, list) else [gpu]:
+        lines += [f"{sweep['device']}: the service (a worker per two CPUs by default here: {sweep['default_workers']}) "
+                  "against sentence-transformers in-process on the same device (batch 256), "
+                  "`benchmark/gpu_sweep.py`." + (f" {sweep['note']}" if sweep.get("note") else ""), "",
+                  "| engine | cell | texts/s | p50 ms | p99 ms |", "|---|---|---|---|---|"]
+        lines += [f"| {row['configuration']} | {row['cell']} | {row['texts_per_s']:,.0f} | {row['p50_ms']} | "
+                  f"{row['p99_ms']} |" for row in sweep["rows"]] + [""]
+    return lines
 
 
 def _relative(base, name):

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from .model_folder import ConfigError
 
-# a CUDA context with torch's kernels loaded takes 300 to 600 MiB on recent GPUs
-CONTEXT_BYTES = 600 << 20
+# a CUDA context with torch's kernels loaded, cuBLAS's workspace and the caching allocator's
+# rounding: a worker of a tiny model held 716 MiB on an H200 (torch 2.11, CUDA 13)
+CONTEXT_BYTES = 800 << 20
 # the part of the GPU's memory the default workers may plan on: the rest is left to the caching
 # allocator's spare blocks, the pass that is larger than planned, and other programs on the GPU
 GPU_SHARE = 0.5
@@ -28,7 +29,8 @@ def worker_bytes(spec):
     weights = parameter_count(spec.encoder_path) * width
     hidden = spec.hidden_size * (spec.num_layers + _KEPT_WIDTHS_PER_TOKEN)
     scores = spec.truncate_at * spec.hidden_size // _HEAD_WIDTH  # one layer's attention scores, per token
-    return CONTEXT_BYTES + weights + spec.max_batch_tokens * width * (hidden + scores)
+    passes = 2 if spec.cuda_graphs else 1  # the graphs' memory pool beside the caching allocator's
+    return CONTEXT_BYTES + weights + passes * spec.max_batch_tokens * width * (hidden + scores)
 
 
 def parameter_count(folder):

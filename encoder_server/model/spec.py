@@ -77,6 +77,8 @@ class ModelSpec:
                           choices=tuple(BACKENDS))
     device: str = choice("cpu", COMPUTE, "where workers run the model", choices=DEVICES)
     fp16: bool = choice(False, COMPUTE, "half precision (CUDA only)")
+    cuda_graphs: bool = choice(None, COMPUTE, "run each forward pass as a CUDA graph captured for its padded shape: "
+                                              "one launch in place of hundreds (default: on for torch on cuda)")
     quantize: str = choice(None, COMPUTE, "dynamic int8 weights (onnx on cpu), served only if it passes the "
                                           "accuracy check", choices=("int8",))
     min_quant_cosine: float = choice(0.99, COMPUTE, "refuse int8 when its mean row cosine against fp32 on a "
@@ -143,7 +145,7 @@ def resolve_spec(chosen):
     if from_st and info.st_pooling is None and chosen.pooling_strategy is None:
         raise ConfigError(f"--model {info.path}: its pooling ({' + '.join(info.st_pooling_modes) or 'no mode'}) "
                           "has no equivalent here; choose one with --pooling-strategy")
-    device = chosen.device
+    device, backend = chosen.device, chosen.backend or default_backend(chosen.device)
     spec = replace(
         chosen, model=str(info.path), encoder_path=str(info.transformer_path), served_name=served_name,
         pooling_strategy=chosen.pooling_strategy or (info.st_pooling if from_st else "mean"),
@@ -156,7 +158,7 @@ def resolve_spec(chosen):
         max_seq_len=_resolve_max_seq_len(chosen.max_seq_len, info, from_st or info.classifier_labels is not None
                                          or info.splade_pooling is not None),
         num_layers=info.num_layers, hidden_size=info.hidden_size,
-        backend=chosen.backend or default_backend(device),
+        backend=backend, cuda_graphs=unless_chosen(chosen.cuda_graphs, device == "cuda" and backend == "torch"),
         threads_per_worker=unless_chosen(chosen.threads_per_worker, 1 if device == "cuda" else usable_cpus()),
         max_batch_tokens=unless_chosen(chosen.max_batch_tokens, DEFAULT_BATCH_TOKENS[device]),
         **_kind_of(chosen, info))
@@ -325,6 +327,8 @@ def _check_engine(spec):
     device, backend = spec.device, spec.backend
     if spec.fp16 and device != "cuda":
         raise ConfigError("--fp16 needs --device cuda")
+    if spec.cuda_graphs and (device != "cuda" or backend != "torch"):
+        raise ConfigError("--cuda-graphs needs --device cuda and --backend torch")
     if spec.quantize and (backend != "onnx" or device != "cpu"):
         raise ConfigError("--quantize int8 needs --backend onnx on --device cpu")
     if backend == "torch" and importlib.util.find_spec("torch") is None:

@@ -12,8 +12,15 @@ class TorchBackend:
         if self.device.type == "cuda":
             without_per_shape_attention_plans()
         self.model = load_on_device(spec)
+        self.graphed = None
+        if spec.cuda_graphs:
+            from .cuda_graphs import GraphedModel
+            self.graphed = GraphedModel(self.model, self.device, spec.max_batch_tokens)
 
     def run(self, inputs):
+        return self.graphed.run(inputs, self.run_eagerly) if self.graphed else self.run_eagerly(inputs)
+
+    def run_eagerly(self, inputs):
         with torch.inference_mode():
             output = self.model(*(self._tensor(getattr(inputs, name)) for name in self.model.input_names))
             return output.float().cpu().numpy()
@@ -34,9 +41,8 @@ def load_on_device(spec, attention=None):
 def without_per_shape_attention_plans():
     """Keep torch's attention off cuDNN's kernel in this process. Recent torch puts it first for fp16
     and bf16 on sm90 and sm100 GPUs (H100, H200, B200), and it builds an execution graph for each
-    new shape of its inputs, cached by batch and length: tens of ms of host time each on an sm90 in
-    others' measurements, 0.4 s on an sm100. A server's passes, of every row count and length,
-    rarely repeat a shape. fp32 never runs on that kernel, which would explain why only --fp16 was
-    slow on an H200 (issue 31; benchmark/cuda_passes.py measures passes of unseen shapes with and
-    without it). Memory-efficient attention serves instead and needs no plan."""
+    new shape of its inputs; a server's passes, of every row count and length, rarely repeat a shape.
+    It made --fp16 3x slower than fp32 on an H200: fp16 passes of unseen shapes ran 445 medium texts/s
+    with it, 7,604 without (issue 31, benchmark/cuda_passes.py). fp32 never runs on that kernel.
+    Memory-efficient attention serves instead and needs no plan."""
     torch.backends.cuda.enable_cudnn_sdp(False)

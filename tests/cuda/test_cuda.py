@@ -1,5 +1,6 @@
 """The CUDA paths, where a GPU is (marker `cuda`; skipped with a reason on machines without one):
-fp32 and fp16 parity with a plain reference, start and stop, the default worker count and the
+fp32 and fp16 parity with a plain reference, with CUDA graphs (the default) and without, graphed
+passes of every kind against eager ones, start and stop, the default worker count and the
 memory estimate that caps it, kill -9 of a CUDA worker under load, and ONNX Runtime's CUDA
 provider (served when onnxruntime-gpu is installed, a clear start-up error otherwise). On the
 device machine: `pytest -m cuda tests/cuda`."""
@@ -29,17 +30,41 @@ def expected(tiny_model):
     return reference_embeddings(tiny_model, TEXTS)
 
 
-@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
-def test_cuda_rows_match_the_reference_and_the_server_stops_clean(tiny_model, tmp_path, expected, fp16):
-    flags = ("--device", "cuda", "--max-batch-size", "32") + (("--fp16",) if fp16 else ())
+@pytest.mark.parametrize("fp16, graphs", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["fp32-eager", "fp16-eager", "fp32", "fp16"])
+def test_cuda_rows_match_the_reference_and_the_server_stops_clean(tiny_model, tmp_path, expected, fp16, graphs):
+    flags = ("--device", "cuda", "--max-batch-size", "32") + (("--fp16",) if fp16 else ()) + \
+        (() if graphs else ("--no-cuda-graphs",))
     with running_server(tiny_model, *flags, tmp_path=tmp_path) as server:  # stops it, and checks no leftovers
         with server.client() as client:
             rows = client.encode(TEXTS)
             assert client.server_config["device"] == "cuda" and client.server_config["fp16"] == fp16
+            assert client.server_config["cuda_graphs"] == graphs
     cosine = cosine_rows(rows, expected)
     assert cosine.min() >= (0.999 if fp16 else 0.99999), cosine.min()
     if not fp16:
         np.testing.assert_allclose(rows, expected, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_cuda_graphs_give_each_kind_of_pass_the_eager_rows(tiny_model, tiny_cross_encoder, fp16):
+    """Passes of many shapes, one row to over the token budget (which runs eagerly), each through a
+    graph captured for its padded shape, and a reranker's (token type ids) too."""
+    from encoder_server.model.passes import plan_passes
+    from encoder_server.model.spec import ModelSpec, resolve_spec
+    from encoder_server.model.tokenizer import Tokenizer
+    from encoder_server.model.torch_backend import TorchBackend
+    for model, strategy in ((tiny_model, "mean"), (tiny_model, "none"), (tiny_cross_encoder, None)):
+        spec = resolve_spec(ModelSpec(model=str(model), device="cuda", fp16=fp16, cuda_graphs=True,
+                                      max_batch_tokens=768, pooling_strategy=strategy))
+        backend, tokenizer = TorchBackend(spec), Tokenizer.for_spec(spec)
+        encoding = tokenizer.tokenize_pairs("a query", TEXTS) if strategy is None else tokenizer.tokenize(TEXTS)
+        for rows in (1, 3, 9, 32):
+            for _, inputs in plan_passes(encoding, spec.max_batch_tokens, rows):
+                graphed, eager = backend.run(inputs), backend.run_eagerly(inputs)
+                assert graphed.shape == eager.shape
+                np.testing.assert_allclose(graphed, eager, atol=2e-3 if fp16 else 1e-5, rtol=1e-2 if fp16 else 1e-4)
+        assert len(backend.graphed.graphs) >= 4 and not backend.graphed.failed
 
 
 def test_a_torch_cuda_worker_keeps_attention_off_cudnn_whose_plans_are_per_shape(tiny_model):

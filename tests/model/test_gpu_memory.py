@@ -74,7 +74,10 @@ def test_a_worker_holds_its_context_weights_and_activations_which_halve_in_fp16(
     fp32, fp16 = worker_bytes(settings), worker_bytes(replace(settings, fp16=True))
     assert fp32 > CONTEXT_BYTES + 4 * 1_000_000_000
     assert fp16 - CONTEXT_BYTES == (fp32 - CONTEXT_BYTES) // 2
-    assert worker_bytes(replace(settings, max_batch_tokens=8192)) < fp32
+    half_the_tokens = worker_bytes(replace(settings, max_batch_tokens=8192))
+    assert half_the_tokens < fp32
+    activations = 2 * (fp32 - half_the_tokens)  # one pass of 16384 tokens
+    assert worker_bytes(replace(settings, cuda_graphs=True)) - fp32 == activations > 0  # the graphs' pool: a pass more
 
 
 def test_one_worker_is_started_even_where_none_fits():

@@ -73,6 +73,8 @@ def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path, monkeypatch):
         ["--device", "cuda", "--num-worker", "2"], ["--device", "cuda", "--num-worker", "2", "--fp16"],
         ["--device", "cuda", "--num-worker", "2", "--max-batch-size", "128"],
         ["--device", "cuda", "--num-worker", "2", "--fp16", "--max-batch-size", "128"]]
+    assert gpu_sweep.parse_service("8:fp16:eager") == (
+        "8 workers, fp16, no CUDA graphs", ("--device", "cuda", "--num-worker", "8", "--fp16", "--no-cuda-graphs"))
     from benchmark.report import _gpu_table  # the `gpu` scenario's table in RESULTS.md, from the same rows
     table = "\n".join(_gpu_table(sweep))
     assert "| 2 workers, fp32 | short, 32 clients x 32 |" in table and "| sentence-transformers, fp32 |" in table

@@ -26,6 +26,7 @@ def _start(*flags):
     (["--pooling-layer", "9"], "--pooling-layer 9"),
     (["--pooling-strategy", "cls", "--mask-cls-sep"], "--mask-cls-sep"),
     (["--fp16"], "--fp16 needs --device cuda"),
+    (["--cuda-graphs"], "--cuda-graphs needs --device cuda and --backend torch"),
     (["--authorized-clients", "/tmp"], "--authorized-clients needs --server-key"),
     (["--server-key", "/nonexistent/server.key_secret"], "--server-key /nonexistent/server.key_secret"),
     (["--max-pending-texts", "0"], "--max-pending-texts must be at least 1"),
