@@ -47,18 +47,21 @@ def test_cuda_rows_match_the_reference_and_the_server_stops_clean(tiny_model, tm
 
 
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
-def test_cuda_graphs_give_each_kind_of_pass_the_eager_rows(tiny_model, tiny_cross_encoder, fp16):
+def test_cuda_graphs_give_each_kind_of_pass_the_eager_rows(tiny_model, tiny_cross_encoder, tiny_sparse_encoder, fp16):
     """Passes of many shapes, one row to over the token budget (which runs eagerly), each through a
-    graph captured for its padded shape, and a reranker's (token type ids) too."""
+    graph captured for its padded shape: an embedder's (mean and token-level pooling), a reranker's
+    (token type ids) and a sparse model's."""
     from encoder_server.model.passes import plan_passes
     from encoder_server.model.spec import ModelSpec, resolve_spec
     from encoder_server.model.tokenizer import Tokenizer
     from encoder_server.model.torch_backend import TorchBackend
-    for model, strategy in ((tiny_model, "mean"), (tiny_model, "none"), (tiny_cross_encoder, None)):
+    for model, strategy in ((tiny_model, "mean"), (tiny_model, "none"), (tiny_sparse_encoder, None),
+                            (tiny_cross_encoder, None)):
         spec = resolve_spec(ModelSpec(model=str(model), device="cuda", fp16=fp16, cuda_graphs=True,
                                       max_batch_tokens=768, pooling_strategy=strategy))
         backend, tokenizer = TorchBackend(spec), Tokenizer.for_spec(spec)
-        encoding = tokenizer.tokenize_pairs("a query", TEXTS) if strategy is None else tokenizer.tokenize(TEXTS)
+        encoding = tokenizer.tokenize_pairs("a query", TEXTS) if model == tiny_cross_encoder else \
+            tokenizer.tokenize(TEXTS)
         for rows in (1, 3, 9, 32):
             for _, inputs in plan_passes(encoding, spec.max_batch_tokens, rows):
                 graphed, eager = backend.run(inputs), backend.run_eagerly(inputs)
