@@ -9,7 +9,9 @@ to a multiple of 8; its columns to a multiple of 16. Padding rows are a lone [CL
 those of the unpadded pass. Each shape is captured the first time it comes; all of a backend's
 graphs draw on one memory pool, and a lock runs one pass at a time, each one's rows copied out
 before the next replays. Passes above the token budget (the model's own max_batch_tokens) run
-without a graph.
+without a graph, and so do new shapes once the graphs' outputs, which each graph keeps, hold
+OUTPUT_BYTES: a dense model's rows are small, but a sparse model's are vocabulary-wide and
+token-level pooling's a row per token.
 """
 import logging
 import threading
@@ -21,6 +23,7 @@ from .passes import Pass
 log = logging.getLogger(__name__)
 ROW_STEP = 8      # rows beyond 8 pad to a multiple of this
 COLUMN_STEP = 16  # columns pad to a multiple of this
+OUTPUT_BYTES = 256 << 20  # what one backend's graphs may keep in outputs
 
 
 def padded_shape(rows, columns):
@@ -48,6 +51,8 @@ class GraphedModel:
         import torch
         self.torch, self.model, self.device, self.max_tokens = torch, model, device, max_tokens
         self.graphs = {}  # (rows, columns) -> Captured
+        self.eager_shapes = set()  # shapes whose graphs would pass OUTPUT_BYTES
+        self.output_bytes = 0
         self.pool = torch.cuda.graph_pool_handle()
         self.lock = threading.Lock()
         self.failed = False
@@ -58,7 +63,7 @@ class GraphedModel:
         rows, columns = inputs.input_ids.shape
         shape = padded_shape(rows, columns)
         with self.lock:
-            if self.failed or shape[0] * shape[1] > self.max_tokens:
+            if self.failed or shape in self.eager_shapes or shape[0] * shape[1] > self.max_tokens:
                 return eager(inputs)
             graph = self.graphs.get(shape) or self._capture(shape)
             if graph is None:
@@ -66,15 +71,22 @@ class GraphedModel:
             return graph.run(pad_pass(inputs, *shape), rows, columns)
 
     def _capture(self, shape):
-        """The graph of this shape, or None (and no graphs from now on) where capture fails."""
+        """The graph of this shape, or None: where its output would pass OUTPUT_BYTES (that shape
+        runs eagerly from now on), or where capture fails (no graphs from now on)."""
         try:
-            self.graphs[shape] = Captured(self.torch, self.model, self.device, shape, self.pool)
-            return self.graphs[shape]
+            graph = Captured(self.torch, self.model, self.device, shape, self.pool)
         except RuntimeError as error:  # an operation that a graph cannot hold: the model runs eagerly
             log.warning("CUDA graph capture failed for passes of %d x %d (%s); passes run without graphs",
                         *shape, error)
             self.failed = True
             return None
+        size = graph.output.element_size() * graph.output.nelement()
+        if self.output_bytes + size > OUTPUT_BYTES:
+            self.eager_shapes.add(shape)
+            return None
+        self.output_bytes += size
+        self.graphs[shape] = graph
+        return graph
 
 
 class Captured:

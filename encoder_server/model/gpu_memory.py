@@ -8,6 +8,7 @@ overrides them.
 import math
 from pathlib import Path
 
+from .cuda_graphs import OUTPUT_BYTES
 from .model_folder import ConfigError
 
 # a CUDA context with torch's kernels loaded, cuBLAS's workspace and the caching allocator's
@@ -29,8 +30,10 @@ def worker_bytes(spec):
     weights = parameter_count(spec.encoder_path) * width
     hidden = spec.hidden_size * (spec.num_layers + _KEPT_WIDTHS_PER_TOKEN)
     scores = spec.truncate_at * spec.hidden_size // _HEAD_WIDTH  # one layer's attention scores, per token
-    passes = 2 if spec.cuda_graphs else 1  # the graphs' memory pool beside the caching allocator's
-    return CONTEXT_BYTES + weights + passes * spec.max_batch_tokens * width * (hidden + scores)
+    pass_bytes = spec.max_batch_tokens * width * (hidden + scores)
+    if spec.cuda_graphs:  # their memory pool beside the caching allocator's, and the outputs they keep
+        return CONTEXT_BYTES + weights + 2 * pass_bytes + OUTPUT_BYTES
+    return CONTEXT_BYTES + weights + pass_bytes
 
 
 def parameter_count(folder):

@@ -1,8 +1,9 @@
 """The CUDA paths, where a GPU is (marker `cuda`; skipped with a reason on machines without one):
 fp32 and fp16 parity with a plain reference, with CUDA graphs (the default) and without, graphed
-passes of every kind against eager ones, start and stop, the default worker count and the
-memory estimate that caps it, kill -9 of a CUDA worker under load, and ONNX Runtime's CUDA
-provider (served when onnxruntime-gpu is installed, a clear start-up error otherwise). On the
+passes of every kind against eager ones and the cap on the outputs graphs keep, start and stop,
+the default worker count and the memory estimate that caps it, kill -9 of a CUDA worker under
+load, and ONNX Runtime's CUDA provider (served when onnxruntime-gpu is installed, a clear start-up
+error otherwise). On the
 device machine: `pytest -m cuda tests/cuda`."""
 import os
 import signal
@@ -68,6 +69,25 @@ def test_cuda_graphs_give_each_kind_of_pass_the_eager_rows(tiny_model, tiny_cros
                 assert graphed.shape == eager.shape
                 np.testing.assert_allclose(graphed, eager, atol=2e-3 if fp16 else 1e-5, rtol=1e-2 if fp16 else 1e-4)
         assert len(backend.graphed.graphs) >= 4 and not backend.graphed.failed
+
+
+def test_graphs_whose_outputs_would_pass_their_budget_leave_their_shapes_to_eager_passes(
+        tiny_sparse_encoder, monkeypatch):
+    """A sparse model's rows are vocabulary-wide: with room for a few outputs, the other shapes run
+    eagerly, with the same rows."""
+    from encoder_server.model import cuda_graphs
+    from encoder_server.model.passes import plan_passes
+    from encoder_server.model.spec import ModelSpec, resolve_spec
+    from encoder_server.model.tokenizer import Tokenizer
+    from encoder_server.model.torch_backend import TorchBackend
+    spec = resolve_spec(ModelSpec(model=str(tiny_sparse_encoder), device="cuda"))
+    assert spec.cuda_graphs
+    monkeypatch.setattr(cuda_graphs, "OUTPUT_BYTES", 2 * 4 * spec.vocab_size * 4)  # two outputs of 4 rows
+    backend = TorchBackend(spec)
+    for _, inputs in plan_passes(Tokenizer.for_spec(spec).tokenize(TEXTS), spec.max_batch_tokens, 4):
+        np.testing.assert_allclose(backend.run(inputs), backend.run_eagerly(inputs), atol=1e-5, rtol=1e-4)
+    graphed = backend.graphed
+    assert graphed.graphs and graphed.eager_shapes and graphed.output_bytes <= cuda_graphs.OUTPUT_BYTES
 
 
 def test_a_torch_cuda_worker_keeps_attention_off_cudnn_whose_plans_are_per_shape(tiny_model):

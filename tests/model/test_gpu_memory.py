@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from encoder_server.model.cuda_graphs import OUTPUT_BYTES
 from encoder_server.model.gpu_memory import CONTEXT_BYTES, parameter_count, worker_bytes, workers_that_fit
 from encoder_server.settings import resolve
 
@@ -77,7 +78,8 @@ def test_a_worker_holds_its_context_weights_and_activations_which_halve_in_fp16(
     half_the_tokens = worker_bytes(replace(settings, max_batch_tokens=8192))
     assert half_the_tokens < fp32
     activations = 2 * (fp32 - half_the_tokens)  # one pass of 16384 tokens
-    assert worker_bytes(replace(settings, cuda_graphs=True)) - fp32 == activations > 0  # the graphs' pool: a pass more
+    graphs = worker_bytes(replace(settings, cuda_graphs=True)) - fp32
+    assert graphs == activations + OUTPUT_BYTES  # their pool holds a pass more, and they keep their outputs
 
 
 def test_one_worker_is_started_even_where_none_fits():
