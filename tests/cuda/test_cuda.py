@@ -3,8 +3,7 @@ fp32 and fp16 parity with a plain reference, with CUDA graphs (the default) and 
 passes of every kind against eager ones and the cap on the outputs graphs keep, start and stop,
 the default worker count and the memory estimate that caps it, kill -9 of a CUDA worker under
 load, and ONNX Runtime's CUDA provider (served when onnxruntime-gpu is installed, a clear start-up
-error otherwise). On the
-device machine: `pytest -m cuda tests/cuda`."""
+error otherwise). On the device machine: `pytest -m cuda tests/cuda`."""
 import os
 import signal
 import subprocess
