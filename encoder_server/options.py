@@ -91,6 +91,7 @@ def _worker_options(commands, name, run):
     _add_choice(workers, "threads_per_worker")
     _add_choice(workers, "device", help="where these workers run")
     _add_choice(workers, "backend", help="inference engine (default: the server's, or torch on cuda)")
+    _add_choice(workers, "cuda_graphs")
     _add_choice(workers, "verbose")
     _add_choice(workers, "log_format")
 

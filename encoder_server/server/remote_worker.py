@@ -71,6 +71,7 @@ def worker_settings(config, args):
                        quantize=config["quantize"] if same_device else None,
                        max_batch_tokens=config["max_batch_tokens"] if same_device else None,
                        num_worker=args.num_worker, lanes=args.lanes, threads_per_worker=args.threads_per_worker,
+                       cuda_graphs=args.cuda_graphs,
                        verbose=args.verbose, names=[config["model_name"]],  # serve the server's default model
                        **{name: config[name] for name in _COPIED
                           if not (config["kind"] == "rerank" and name in _POOLING)})

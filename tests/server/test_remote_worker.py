@@ -208,6 +208,24 @@ def as_alice(keys):
 
 # ----- tests -----
 
+def test_a_remote_worker_makes_its_own_compute_choices_and_takes_the_servers_model_choices(tiny_model):
+    """worker_settings, from a server's SHOW_CONFIG and this host's flags: CUDA graphs are this host's
+    choice (on cpu, off by default, and asking for them is a clear error), the pooling the server's."""
+    from encoder_server.cli import _parser
+    from encoder_server.model.model_folder import ConfigError
+    from encoder_server.server.remote_worker import worker_settings
+    from encoder_server.settings import resolve
+    config = {**resolve(model=str(tiny_model), pooling_strategy="max").public_config(), "worker_port": 5999}
+
+    def settings(*flags):
+        return worker_settings(config, _parser().parse_args(["worker", "--connect", "10.0.0.1", "--model",
+                                                             str(tiny_model), *flags]))
+    assert settings().cuda_graphs is False and settings().pooling_strategy == "max"
+    assert settings("--no-cuda-graphs").cuda_graphs is False
+    with pytest.raises(ConfigError, match="--cuda-graphs needs --device cuda and --backend torch"):
+        settings("--cuda-graphs")
+
+
 def test_remote_worker_joins_shares_the_work_and_computes_the_same_rows(tiny_model, tmp_path, on_veth, remote_worker,
                                                                        keys):
     texts = random_texts(3000, seed=41, min_words=3, max_words=40)
