@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Prepared runs on a lent GPU machine, within one device call's 10 minutes: unpack the kit that
-# `python -m benchmark.device_kit pack` made here, then the steps named (default: tests model sweep,
+# `python -m benchmark.device_kit pack` made here, then the steps named (default: tests sweep,
 # which fit one call; a session has 15 minutes of device time, the machine's start included):
 #
-#   tests     the CUDA tests (tests/cuda)
+#   tests     the CUDA tests (tests/cuda; 7 of them took 102 s on an H200, 12 now)
 #   model     the model alone (benchmark/cuda_passes.py): passes of shapes it has not met, SDPA with
 #             and without cuDNN (the fp16 slowdown's suspect) and eager; one short text per pass
 #             (the model's share of batch-1 latency)
-#   sweep     the service at 4 and 8 workers in fp32 and fp16, and 8 with passes of 256 rows, and
-#             sentence-transformers in process, under the issue's loads (benchmark/gpu_sweep.py):
-#             goals 1, 2 and 4
+#   sweep     the service at 4 and 8 workers in fp32 and fp16, and 8 with passes of 256 rows (all
+#             with CUDA graphs, the default), and sentence-transformers in process, under the
+#             issue's loads (benchmark/gpu_sweep.py): goals 1, 2 and 4
 #   passes    the model alone on the service's passes, warmed up: fp32 and fp16, SDPA and eager
 #   precision the model's rows in fp16 and bf16 against fp32 on the GPU (benchmark/half_precision.py)
 #   pipeline  the server's own ceiling on the zero backend, on the host's 16 cores, clients in 8 processes
@@ -18,7 +18,7 @@
 #             fp32 and 4 in fp16 with them, beside sentence-transformers in fp16
 #
 #   device run, carry [".device"], timeout_s 600:  bash benchmark/gpu_session.sh
-#   a second call, if device time is left:         bash benchmark/gpu_session.sh precision pipeline passes
+#   a second call, if device time is left:         bash benchmark/gpu_session.sh graphs
 #
 # Everything it prints and writes lands in $OUT, at most six files (the device tool brings back
 # eight). PYTHON names another interpreter (the GPU machines' python3 holds torch); a step that runs
@@ -28,7 +28,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-/tmp/gpu-session}
 KIT=${KIT:-.device}
-STEPS=${*:-tests model sweep}
+STEPS=${*:-tests sweep}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 "$PYTHON" -m benchmark.device_kit unpack "$KIT" > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
@@ -47,7 +47,7 @@ step() {  # step NAME SECONDS COMMAND...: its output to $OUT/NAME.log, its last 
 }
 for name in $STEPS; do
     case $name in
-        tests) step cuda-tests 160 "$PYTHON" -m pytest -v -p no:cacheprovider -m cuda tests/cuda ;;
+        tests) step cuda-tests 250 "$PYTHON" -m pytest -v -p no:cacheprovider -m cuda tests/cuda ;;
         model) DEVICE=cuda step model-alone 100 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --count 1024 \
                    --only unseen single ;;
         passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --only warmed ;;
