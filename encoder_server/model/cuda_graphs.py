@@ -52,14 +52,13 @@ class GraphedModel:
         self.torch, self.model, self.device, self.max_tokens = torch, model, device, max_tokens
         self.graphs = {}  # (rows, columns) -> Captured
         self.eager_shapes = set()  # shapes whose graphs would pass OUTPUT_BYTES
-        self.output_bytes = 0
         self.pool = torch.cuda.graph_pool_handle()
         self.lock = threading.Lock()
         self.failed = False
 
     def run(self, inputs, eager):
         """Float32 rows of `inputs` (a Pass): through a graph, or `eager(inputs)` above the token
-        budget or where capture failed."""
+        budget, for a shape beyond OUTPUT_BYTES, or where capture failed."""
         rows, columns = inputs.input_ids.shape
         shape = padded_shape(rows, columns)
         with self.lock:
@@ -80,13 +79,16 @@ class GraphedModel:
                         *shape, error)
             self.failed = True
             return None
-        size = graph.output.element_size() * graph.output.nelement()
-        if self.output_bytes + size > OUTPUT_BYTES:
+        if self.output_bytes + graph.output_bytes > OUTPUT_BYTES:
             self.eager_shapes.add(shape)
             return None
-        self.output_bytes += size
         self.graphs[shape] = graph
         return graph
+
+    @property
+    def output_bytes(self):
+        """What the graphs kept so far hold in outputs."""
+        return sum(graph.output_bytes for graph in self.graphs.values())
 
 
 class Captured:
@@ -104,6 +106,7 @@ class Captured:
         self.graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self.output = model(*self.inputs)
+        self.output_bytes = self.output.element_size() * self.output.nelement()
 
     def run(self, padded, rows, columns):
         for tensor, name in zip(self.inputs, self.names):
