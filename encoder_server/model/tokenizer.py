@@ -130,10 +130,11 @@ class Tokenizer:
     def tokenize_pairs(self, query, documents):
         """(query, document) pairs as an Encoding with each token's segment (type_ids). A pair too long
         loses the end of its document; a query that leaves no room for any document is a ValueError."""
-        if self._pairs is None:
-            self._pairs = load_fast_tokenizer(self.model_dir)
-            self._pairs.no_padding()
-            self._pairs.enable_truncation(self.truncate_at, strategy="only_second")
+        if self._pairs is None:  # set once made whole: a worker's tokenizing threads share this object
+            pairs = load_fast_tokenizer(self.model_dir)
+            pairs.no_padding()
+            pairs.enable_truncation(self.truncate_at, strategy="only_second")
+            self._pairs = pairs
         room = self.truncate_at - self._tokenizer.num_special_tokens_to_add(True)
         query_tokens = self._count(self._bounded(query, False), False)  # a prefix of a huge one: enough to refuse
         if query_tokens >= room:
@@ -174,13 +175,13 @@ class Tokenizer:
 
     def _prompt_length(self, prompt):
         """The prompt's tokens as sentence-transformers counts them: a trailing special token excluded."""
-        if prompt not in self._prompt_lengths:
+        length = self._prompt_lengths.get(prompt)  # one lookup: another thread may clear the cache
+        if length is None:
             if len(self._prompt_lengths) >= 256:  # prompts come from clients: keep the cache bounded
                 self._prompt_lengths.clear()
             ids = self._tokenizer.encode(prompt).ids
-            trailing_special = bool(ids) and ids[-1] in self.special_ids
-            self._prompt_lengths[prompt] = len(ids) - trailing_special
-        return self._prompt_lengths[prompt]
+            length = self._prompt_lengths[prompt] = len(ids) - (bool(ids) and ids[-1] in self.special_ids)
+        return length
 
 
 def special_frame(tokenizer):
