@@ -58,8 +58,8 @@ def _log_model(log, model):
                  model.embedding_dim)
     for override in model.overrides:
         log.warning("%s", override)
-    log.info("%d worker(s) on %s, %d lane(s) of %d thread(s) each", model.num_worker, model.device, model.lanes,
-             model.threads_per_worker)
+    log.info("%d worker(s) on %s, %d lane(s) of %d thread(s) each, %d thread(s) tokenizing", model.num_worker,
+             model.device, model.lanes, model.threads_per_worker, model.tokenizer_threads)
 
 
 def check(args):

@@ -89,6 +89,7 @@ def _worker_options(commands, name, run):
     _add_choice(workers, "num_worker")
     _add_choice(workers, "lanes")
     _add_choice(workers, "threads_per_worker")
+    _add_choice(workers, "tokenizer_threads")
     _add_choice(workers, "device", help="where these workers run")
     _add_choice(workers, "backend", help="inference engine (default: the server's, or torch on cuda)")
     _add_choice(workers, "cuda_graphs")

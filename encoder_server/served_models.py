@@ -14,9 +14,10 @@ from .model.model_folder import ConfigError
 from .model.spec import ModelSpec, choices_of, parse_max_seq_len
 
 # what a [[models]] table may set, beside name, names and prompts: the model's choices and its workers
-MODEL_KEYS = tuple(choice.name for choice in choices_of(ModelSpec)) + ("num_worker", "lanes", "model_name")
+MODEL_KEYS = tuple(choice.name for choice in choices_of(ModelSpec)) + ("num_worker", "lanes", "tokenizer_threads",
+                                                                      "model_name")
 _TYPES = {choice.name: choice.type for choice in choices_of(ModelSpec)}
-_TYPES.update(num_worker=int, lanes=int, model_name=tuple, pooling_layer=tuple)
+_TYPES.update(num_worker=int, lanes=int, tokenizer_threads=int, model_name=tuple, pooling_layer=tuple)
 
 
 def model_entries(model=None, models_file=None):

@@ -259,10 +259,11 @@ def group_alive(pgid):
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model, tmp_path_factory):
-    """Two workers, small jobs so that requests split, tokens allowed. Shared by the whole run: a test
-    that needs a server in a state of its own (killed, stalled, flooded) starts one."""
+    """Two workers, each tokenizing on three threads, small jobs so that requests split, tokens
+    allowed. Shared by the whole run: a test that needs a server in a state of its own (killed,
+    stalled, flooded) starts one."""
     with running_server(tiny_model, "--num-worker", "2", "--max-batch-size", "32", "--priority-batch-size", "4",
-                        "--max-batch-tokens", "512", "--show-tokens-to-client",
+                        "--max-batch-tokens", "512", "--show-tokens-to-client", "--tokenizer-threads", "3",
                         tmp_path=tmp_path_factory.mktemp("tiny-server")) as server:
         yield server
 

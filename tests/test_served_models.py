@@ -31,6 +31,7 @@ model = "{tiny_cross_encoder}"
 kind = "rerank"
 backend = "torch"
 threads_per_worker = 1
+tokenizer_threads = 2
 """)
     settings = resolve(models=path, max_batch_size=32, model_name=None)
     small, ce = settings.served
@@ -38,6 +39,7 @@ threads_per_worker = 1
     assert "text-embedding-ada-002" in small.model_name and "text-embedding-ada-002" not in ce.model_name
     assert (small.max_seq_len, small.pooling_layer, small.prompts["query"]) == (32, (-1,), "query: ")
     assert (ce.kind, ce.backend, ce.threads_per_worker, ce.embedding_dim) == ("rerank", "torch", 1, 1)
+    assert (small.tokenizer_threads, ce.tokenizer_threads) == (1, 2)
     assert small.max_batch_size == ce.max_batch_size == 32  # the command line's, shared
     config = settings.public_config()
     assert [model["model_name"] for model in config["models"]] == ["small", "ce"]

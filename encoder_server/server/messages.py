@@ -38,7 +38,7 @@ from .wire import MessageError, as_bytes, count, from_json, is_count, object_of,
 _KINDS = {}
 # the version of these messages: a worker that says READY with another (one of an older release on
 # another host) is refused, with a line in the log, instead of being dealt jobs it cannot read
-INTERNAL_PROTOCOL = 2
+INTERNAL_PROTOCOL = 3
 RESTART_ERROR = "a process of the server died and was restarted while this request was in flight; send it again"
 
 
@@ -139,6 +139,7 @@ class Ready:
     host: str
     remote: bool = False
     lanes: int = 1           # forward passes it runs at once
+    tokenizers: int = 1      # threads it tokenizes jobs on, ahead of its lanes
     model: str = None        # the name of the model it serves (None: the default model)
     calibration: dict = None # int8 ranges of its model on the built-in sample (worker.calibrate)
     protocol: int = None     # the INTERNAL_PROTOCOL it speaks

@@ -35,8 +35,9 @@ def join_server(args):
     settings = prepare_model_apart(settings, verbose=settings.verbose)
     endpoints = remote_worker_endpoints(args.connect, config["worker_port"],
                                         curve_keys(args.server_key, args.client_key) if config.get("curve") else None)
-    log.info("joining %s: jobs on %s, results to %s; %d worker(s) of %d lane(s), %d thread(s) each", args.connect,
-             endpoints.jobs, endpoints.results, settings.num_worker, settings.lanes, settings.threads_per_worker)
+    log.info("joining %s: jobs on %s, results to %s; %d worker(s) of %d lane(s), %d thread(s) each, %d tokenizing",
+             args.connect, endpoints.jobs, endpoints.results, settings.num_worker, settings.lanes,
+             settings.threads_per_worker, settings.tokenizer_threads)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -71,6 +72,7 @@ def worker_settings(config, args):
                        quantize=config["quantize"] if same_device else None,
                        max_batch_tokens=config["max_batch_tokens"] if same_device else None,
                        num_worker=args.num_worker, lanes=args.lanes, threads_per_worker=args.threads_per_worker,
+                       tokenizer_threads=args.tokenizer_threads,
                        cuda_graphs=args.cuda_graphs,
                        verbose=args.verbose, names=[config["model_name"]],  # serve the server's default model
                        **{name: config[name] for name in _COPIED

@@ -4,9 +4,9 @@ Each served model has its own queues and its own workers, and a job only ever go
 its request's model, so a flood on one model never delays another's. Within a model, small requests
 go to the priority queue, spread over the workers that are idle. Large ones become mini-jobs in a
 per-client round-robin queue, so one client's 100k texts cannot starve another's 5k. A worker holds
-at most `prefetch_size` bulk jobs and at most `max_batch_size` texts of priority jobs per lane (the
-forward passes it runs at once), so a priority job always finds room and runs before anything the
-worker has buffered.
+at most `prefetch_size` bulk jobs per lane (the forward passes it runs at once), plus one for each
+thread it tokenizes on beyond the first, and at most `max_batch_size` texts of priority jobs per
+lane, so a priority job always finds room and runs before anything the worker has buffered.
 
 When a worker dies, its unfinished jobs go back to the front of their queue as suspects. A suspect
 runs alone on an idle worker, so a second death pins it down: its request is failed (poisoned input)
@@ -21,6 +21,7 @@ from .messages import Job
 
 MAX_ATTEMPTS = 2  # a job whose worker died this many times fails its request
 MAX_LANES = 64    # the most lanes a worker's READY may claim
+MAX_TOKENIZER_THREADS = 64  # and the most threads tokenizing ahead of them
 
 
 def split_request(seq, texts, priority_batch_size, max_batch_size, job_ids, priority_pieces=1, **flags):
@@ -92,6 +93,7 @@ class _WorkerLoad:
     suspects: int = 0
     encoded: int = 0  # texts it has finished
     lanes: int = 1    # forward passes it runs at once
+    tokenizers: int = 1  # threads it tokenizes jobs on, ahead of its lanes
     model: int = 0    # the index of the model it serves
 
 
@@ -253,11 +255,12 @@ class Dispatcher:
 
     # ----- workers -----
 
-    def add_worker(self, worker, lanes=1, model=0):
-        """A worker of `model` (an index); `lanes` as it says, within 1..MAX_LANES: a worker cannot
-        claim the whole queue."""
+    def add_worker(self, worker, lanes=1, model=0, tokenizers=1):
+        """A worker of `model` (an index); `lanes` and `tokenizers` as it says, within 1..MAX_LANES and
+        1..MAX_TOKENIZER_THREADS: a worker cannot claim the whole queue."""
         load = self._workers.setdefault(worker, _WorkerLoad(model=model))
         load.lanes, load.model = min(max(1, lanes), MAX_LANES), model
+        load.tokenizers = min(max(1, tokenizers), MAX_TOKENIZER_THREADS)
 
     def remove_worker(self, worker, crashed=True):
         """Forget a dead worker and queue its unfinished jobs again, at the front. Returns
@@ -310,9 +313,13 @@ class Dispatcher:
             if worker is not None:
                 return priority.popleft, worker
         if bulk:
-            return bulk.pop, self._worker_for(bulk.peek(), model,
-                                              lambda load: load.bulk_jobs < self.prefetch_size * load.lanes)
+            return bulk.pop, self._worker_for(bulk.peek(), model, self._has_bulk_room)
         return None, None
+
+    def _has_bulk_room(self, load):
+        """prefetch_size bulk jobs per lane keep its lanes fed; each thread tokenizing beyond the first
+        needs one more to work on."""
+        return load.bulk_jobs < self.prefetch_size * load.lanes + load.tokenizers - 1
 
     def _worker_for(self, job, model, has_room):
         """A worker of `model`: a suspect job runs alone on an idle one; other jobs avoid one holding a

@@ -1,9 +1,10 @@
 """A worker: it receives jobs, tokenizes them ahead of the model, and runs them in lanes.
 
 Threads: `intake` alone uses the `jobs` socket (DEALER to the ventilator): it receives jobs,
-stamps their arrival, sends heartbeats and reports the jobs it dropped or refused. `prefetch`
-tokenizes received jobs (the Embedder's first stage) ahead of the lanes, drops those whose budget
-ran out before it reached them and refuses those with a text too long for a request that forbids
+stamps their arrival, sends heartbeats and reports the jobs it dropped or refused. The `prefetch`
+threads (--tokenizer-threads; the tokenizer releases the GIL, so they tokenize on as many cores)
+tokenize received jobs (the Embedder's first stage) ahead of the lanes, drop those whose budget
+ran out before one reached them and refuse those with a text too long for a request that forbids
 truncation. A small request's job (at most priority_batch_size texts, well under a millisecond
 to tokenize) that finds nothing queued for prefetch is taken by intake itself: one thread
 hand-off fewer on the path whose latency users feel. Intake never computes.
@@ -52,6 +53,7 @@ class Worker:
     def __init__(self, settings, endpoints, name, log, stop, remote=False, lone_threads=0):
         self.name = name
         self.lanes = settings.lanes
+        self.tokenizer_threads = settings.tokenizer_threads
         self.log = log
         self.stop = stop
         self.endpoints = endpoints
@@ -107,8 +109,9 @@ class Worker:
         return jobs
 
     def ready(self):
-        return messages.Ready(os.getpid(), socket.gethostname(), self.remote, self.lanes, self.model_name,
-                              self.calibration, messages.INTERNAL_PROTOCOL)
+        return messages.Ready(os.getpid(), socket.gethostname(), self.remote, lanes=self.lanes,
+                              tokenizers=self.tokenizer_threads, model=self.model_name,
+                              calibration=self.calibration, protocol=messages.INTERNAL_PROTOCOL)
 
     def on_message(self, frames, arrived):
         message = messages.decode_or_log(frames, self.log, "the ventilator")
@@ -132,18 +135,19 @@ class Worker:
 
     # ----- prefetch: tokenize ahead of the model -----
 
-    def prefetch(self):
+    def prefetch(self, stage):
+        """A tokenizing thread's loop; `stage` is its name."""
         try:
             while not self.stop.is_set():
                 try:
                     job, arrived = self.received.get(timeout=POLL_MS / 1000)
                 except queue.Empty:
                     continue
-                self.busy_since["prefetch"] = time.monotonic()
+                self.busy_since[stage] = time.monotonic()
                 self.take(job, arrived)
-                del self.busy_since["prefetch"]
+                del self.busy_since[stage]
         except Exception:
-            self.fail("prefetch")
+            self.fail(stage)
 
     def take(self, job, arrived):
         if job.spent(arrived, time.monotonic()):
@@ -275,15 +279,18 @@ def run_worker(settings, endpoints, index, remote=False, alone_on_host=False, st
         raise
     _report_start(started, None)
     lanes = [f"lane-{number}" for number in range(1, settings.lanes)] + [EXPRESS]
+    prefetch = [f"prefetch-{number}" for number in range(settings.tokenizer_threads)]
     threads = [threading.Thread(target=worker.intake, name="intake", daemon=True),
-               threading.Thread(target=worker.prefetch, name="prefetch", daemon=True),
+               *(threading.Thread(target=worker.prefetch, args=(stage,), name=stage, daemon=True)
+                 for stage in prefetch),
                *(threading.Thread(target=worker.compute, args=(lane,), name=lane, daemon=True) for lane in lanes)]
     if settings.backend == "zero":
         log.warning("the zero backend runs no model: every row served is zero (it measures the server alone)")
     # said before intake says READY, so that the log has it once the ventilator counts this worker
-    log.info("serving on %s with %s: %d lane(s) and the express lane, %d thread(s) per lane%s; model %s",
-             settings.device, settings.backend, settings.lanes, settings.threads_per_worker,
-             f", {lone_threads} for a pass alone" if worker.model.lone_backend else "", settings.name)
+    log.info("serving on %s with %s: %d lane(s) and the express lane, %d thread(s) per lane%s, %d tokenizing; "
+             "model %s", settings.device, settings.backend, settings.lanes, settings.threads_per_worker,
+             f", {lone_threads} for a pass alone" if worker.model.lone_backend else "", settings.tokenizer_threads,
+             settings.name)
     for thread in threads:
         thread.start()
     try:

@@ -147,6 +147,21 @@ def test_onnx_on_cpu_runs_one_process_of_lanes_and_torch_a_process_per_cpu(tmp_p
     assert shape(resolve(model=model, lanes=1)) == (1, 1, cpus)
 
 
+def test_a_worker_tokenizes_on_one_thread_on_the_cpu_and_on_half_its_cores_on_cuda(tmp_path):
+    from types import SimpleNamespace
+
+    from encoder_server.settings import default_tokenizer_threads
+    model = str(plain_folder(tmp_path))
+    assert resolve(model=model).tokenizer_threads == 1
+    assert resolve(model=model, backend="torch", num_worker=1).tokenizer_threads == 1
+    assert resolve(model=model, tokenizer_threads=3).tokenizer_threads == 3
+    on_cuda = lambda workers, cpus: default_tokenizer_threads(SimpleNamespace(device="cuda", num_worker=workers),  # noqa: E731
+                                                              cpus)
+    assert [on_cuda(8, 16), on_cuda(2, 16), on_cuda(1, 16), on_cuda(4, 4), on_cuda(8, 64)] == [1, 4, 8, 1, 4]
+    with pytest.raises(ConfigError, match="--tokenizer-threads must be at most 64"):
+        resolve(model=model, tokenizer_threads=65)
+
+
 # ----- errors -----
 
 def test_missing_config_json(tmp_path):

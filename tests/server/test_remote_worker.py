@@ -209,8 +209,9 @@ def as_alice(keys):
 # ----- tests -----
 
 def test_a_remote_worker_makes_its_own_compute_choices_and_takes_the_servers_model_choices(tiny_model):
-    """worker_settings, from a server's SHOW_CONFIG and this host's flags: CUDA graphs are this host's
-    choice (on cpu, off by default, and asking for them is a clear error), the pooling the server's."""
+    """worker_settings, from a server's SHOW_CONFIG and this host's flags: CUDA graphs and tokenizing
+    threads are this host's choice (graphs on cpu: off by default, and asking for them is a clear
+    error), the pooling the server's."""
     from encoder_server.cli import _parser
     from encoder_server.model.model_folder import ConfigError
     from encoder_server.server.remote_worker import worker_settings
@@ -222,6 +223,8 @@ def test_a_remote_worker_makes_its_own_compute_choices_and_takes_the_servers_mod
                                                              str(tiny_model), *flags]))
     assert settings().cuda_graphs is False and settings().pooling_strategy == "max"
     assert settings("--no-cuda-graphs").cuda_graphs is False
+    config["tokenizer_threads"] = 5  # the server's own: not this host's
+    assert settings().tokenizer_threads == 1 and settings("--tokenizer-threads", "3").tokenizer_threads == 3
     with pytest.raises(ConfigError, match="--cuda-graphs needs --device cuda and --backend torch"):
         settings("--cuda-graphs")
 

@@ -4,7 +4,7 @@ import itertools
 import pytest
 
 from encoder_server.server.messages import Job
-from encoder_server.server.scheduling import MAX_LANES, Dispatcher, FairQueue, split_request
+from encoder_server.server.scheduling import MAX_LANES, MAX_TOKENIZER_THREADS, Dispatcher, FairQueue, split_request
 
 NOW = 100.0  # the ventilator's monotonic clock, for the tests that do not look at time
 
@@ -287,6 +287,19 @@ def test_a_worker_with_lanes_holds_that_many_times_the_bulk_jobs_and_priority_te
     for seq in range(2, 6):
         d.submit(seq, b"B", texts(4), NOW)   # priority jobs of 4 texts: room for 3 x 4 texts
     assert [job.seq for _, job in d.assignments(NOW)] == [2, 3, 4]
+
+
+def test_each_thread_a_worker_tokenizes_on_beyond_the_first_holds_one_more_bulk_job():
+    d = Dispatcher(priority_batch_size=4, max_batch_size=4, prefetch_size=2)
+    d.add_worker(b"w1", lanes=1, tokenizers=4)
+    d.add_worker(b"greedy", lanes=1, tokenizers=10**9)
+    d.submit(1, b"A", texts(4 * 200), NOW)
+    sent = d.assignments(NOW)
+    held = [job for worker, job in sent if worker == b"w1"]
+    assert len(held) == 2 + 3                                       # prefetch_size x lanes, + tokenizers - 1
+    assert len(sent) - len(held) == 2 + MAX_TOKENIZER_THREADS - 1   # a worker cannot claim the whole queue
+    d.job_done(held[0].job_id)
+    assert [worker for worker, _ in d.assignments(NOW)] == [b"w1"]
 
 
 def test_a_worker_cannot_claim_more_lanes_than_the_limit():

@@ -6,6 +6,7 @@ import itertools
 import logging
 import threading
 
+import numpy as np
 import pytest
 import zmq
 
@@ -88,3 +89,44 @@ def test_the_express_lane_leaves_small_requests_to_an_idle_lane(held):
     held.release.set()
     assert held.finished() == [4]
     assert held.ran == ["lane-0"] * 4
+
+
+def test_jobs_are_tokenized_on_as_many_threads_as_asked(tiny_model):
+    """Three tokenizing threads take three bulk jobs at once (each waits at a barrier of three inside
+    the tokenizer, which one thread alone would never pass), and every job's rows still come back."""
+    settings = resolve(model=str(tiny_model), backend="torch", num_worker=1, tokenizer_threads=3)
+    results = next(RESULTS)
+    sink = zmq.Context.instance().socket(zmq.PULL)
+    sink.bind(results)
+    stop, together = threading.Event(), threading.Barrier(3, timeout=20)
+    worker = Worker(settings, WorkerEndpoints(jobs="inproc://unused", results=results), "test",
+                    logging.getLogger("worker-test"), stop)
+    tokenize, tokenizing = worker.model.tokenize, []
+
+    def tokenize_together(*args, **kwargs):
+        tokenizing.append(threading.current_thread().name)
+        together.wait()
+        return tokenize(*args, **kwargs)
+
+    worker.model.tokenize = tokenize_together
+    threads = [threading.Thread(target=worker.prefetch, args=(f"prefetch-{n}",), name=f"prefetch-{n}")
+               for n in range(3)] + [threading.Thread(target=worker.compute, args=("lane-0",))]
+    for thread in threads:
+        thread.start()
+    try:
+        texts = {job_id: [f"text {job_id}.{i}" for i in range(5)] for job_id in (1, 2, 3)}
+        for job_id, job_texts in texts.items():
+            worker.received.put((messages.Job(job_id, job_id, 0, job_texts), 0.0))
+        finished = {}
+        while len(finished) < 3 and sink.poll(20000):
+            finished.update((part.job_id, part.array) for part in messages.decode(sink.recv_multipart()).parts)
+        assert sorted(tokenizing) == ["prefetch-0", "prefetch-1", "prefetch-2"]
+        assert sorted(finished) == [1, 2, 3] and not worker.failed
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        sink.close(linger=0)
+    worker.model.tokenize = tokenize
+    for job_id, rows in finished.items():
+        np.testing.assert_allclose(rows, worker.model.embed_texts(texts[job_id]), atol=1e-6)

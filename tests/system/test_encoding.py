@@ -154,7 +154,7 @@ def test_server_config_and_status(tiny_server):
     with tiny_server.client() as client:
         config, status = client.server_config, client.server_status
     assert config["pooling_strategy"] == "mean" and config["pooling_layer"] == [-2]
-    assert config["max_seq_len"] == 64 and config["num_worker"] == 2
+    assert config["max_seq_len"] == 64 and config["num_worker"] == 2 and config["tokenizer_threads"] == 3
     assert "/" not in str(config["model"]) and "ipc" not in str(config)
     assert status["ready"] and status["workers_alive"] == 2
     assert set(status["queue_depth"]) >= {"priority", "bulk"}
