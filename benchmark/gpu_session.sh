@@ -7,9 +7,10 @@
 #   model     the model alone (benchmark/cuda_passes.py): passes of shapes it has not met, SDPA with
 #             and without cuDNN (the fp16 slowdown's suspect) and eager; one short text per pass
 #             (the model's share of batch-1 latency)
-#   sweep     the service at 4 and 8 workers in fp32 and fp16, and 8 with passes of 256 rows (all
-#             with CUDA graphs, the default), and sentence-transformers in process, under the
-#             issue's loads (benchmark/gpu_sweep.py): goals 1, 2 and 4
+#   sweep     the service, with CUDA graphs (the default), at 8 workers in fp16 and fp32, and at 2, 1
+#             and 4 workers in fp16, each tokenizing on its default share of the cores (4, 8 and 2
+#             threads), beside sentence-transformers in fp16 in process, under the loads
+#             (benchmark/gpu_sweep.py): goals 1, 2 and 4, most telling first
 #   passes    the model alone on the service's passes, warmed up: fp32 and fp16, SDPA and eager
 #   precision the model's rows in fp16 and bf16 against fp32 on the GPU (benchmark/half_precision.py)
 #   pipeline  the server's own ceiling on the zero backend, on the host's 16 cores, clients in 8 processes
@@ -51,7 +52,8 @@ for name in $STEPS; do
         model) DEVICE=cuda step model-alone 100 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --count 1024 \
                    --only unseen single ;;
         passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --only warmed ;;
-        sweep) step gpu-sweep 300 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --out "$OUT/gpu-sweep.json" ;;
+        sweep) step gpu-sweep 300 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --baselines fp16 --services \
+                   8:fp16 2:fp16 8:fp32 1:fp16 4:fp16 --out "$OUT/gpu-sweep.json" ;;
         precision) DEVICE=cuda step half-precision 60 "$PYTHON" -m benchmark.half_precision "$MODEL" ;;
         graphs) step graph-tests 120 "$PYTHON" -m pytest -v -p no:cacheprovider -m cuda tests/cuda -k "graphs or memory"
                 DEVICE=cuda step graph-passes 60 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --count 1024 --only graphs

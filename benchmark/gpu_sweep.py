@@ -4,19 +4,22 @@ in-process on the same device, for issue 31's goals 1 (fp16 faster than fp32), 2
 of 3 ms), in one device call:
 
     python -m benchmark.gpu_sweep MODEL [--workers 4 8] [--wide-rows 256] [--seconds 5] [--repeats 1]
-                                        [--services 8:fp16 8:fp16:eager ...] [--baselines fp16] [--out FILE]
+                                        [--services 8:fp16 8:fp16:eager 2:fp16:tok6 ...] [--baselines fp16]
+                                        [--out FILE]
 
 Each configuration is one server (`--device cuda --num-worker N`, with and without `--fp16`; the
 most workers once more with `--max-batch-size` at --wide-rows, passes of up to that many rows, as
 sentence-transformers runs them, against the default 64; or the configurations --services names,
-such as without CUDA graphs) under the loads of the issue's table: 32 closed-loop clients sending
-32 short texts; one client sending 20,000 short texts, then 4,000 medium ones, in requests of 256;
-one client sending 200 short texts one at a time (its p50 is the batch-1 latency).
-sentence-transformers (fp32 and fp16, batch 256) takes the one-client lists, first, so that the
-baseline is there even if the sweep is stopped early. Each load runs once as a warm-up first (the
-closed loop for up to 2 s), so that every engine has met its shapes and captured its CUDA graphs.
-A row per engine and load, printed as it is measured (JSON lines), and with --out all rows with the
-device's name. DEVICE=cpu runs the same on the CPU, fp32 only: a check of the machinery.
+such as without CUDA graphs, or with more threads tokenizing) under the loads of the issue's
+table: 32 closed-loop clients sending 32 short texts; one client sending 20,000 short texts, then
+4,000 medium ones, in requests of 256; one client sending 200 short texts one at a time (its p50 is
+the batch-1 latency). sentence-transformers (fp32 and fp16, batch 256) takes the one-client lists,
+first, so that the baseline is there even if the sweep is stopped early. Each load runs once as a
+warm-up first (the closed loop for up to 2 s), so that every engine has met its shapes and captured
+its CUDA graphs. A row per engine and load, printed as it is measured (JSON lines), and with --out
+all rows so far with the device's name, written again after each row (a sweep stopped at a time
+limit keeps what it measured). DEVICE=cpu runs the same on the CPU, fp32 only: a check of the
+machinery.
 """
 import argparse
 import json
@@ -50,23 +53,36 @@ def engines_to_run(model, workers, log_dir, wide_rows=0, services=None, baseline
          for name, flags in services]
 
 
-def _service(count, fp16, rows=None, eager=False):
+def _service(count, fp16, rows=None, eager=False, tokenizers=None, lanes=None):
     """(name, flags) of the service at `count` workers, in fp16 or not, `rows` a pass (None: the
-    default), `eager`: without CUDA graphs (which torch on cuda runs by default)."""
-    name = f"{count} worker{'s' if count > 1 else ''}, {_precision(fp16)}" + (f", {rows} rows a pass" if rows else "") \
-        + (", no CUDA graphs" if eager else "")
+    default), `eager`: without CUDA graphs (which torch on cuda runs by default), `tokenizers`
+    threads tokenizing and `lanes` passes at once in each worker (None: the defaults)."""
+    name = ", ".join([f"{count} worker{'s' if count > 1 else ''}", _precision(fp16),
+                      *([f"{rows} rows a pass"] if rows else []), *([f"{lanes} lanes"] if lanes else []),
+                      *([f"{tokenizers} tokenizing"] if tokenizers else []), *(["no CUDA graphs"] if eager else [])])
     return name, ("--device", DEVICE, "--num-worker", str(count), *(("--fp16",) if fp16 else ()),
-                  *(("--max-batch-size", str(rows)) if rows else ()), *(("--no-cuda-graphs",) if eager else ()))
+                  *(("--max-batch-size", str(rows)) if rows else ()), *(("--lanes", str(lanes)) if lanes else ()),
+                  *(("--tokenizer-threads", str(tokenizers)) if tokenizers else ()),
+                  *(("--no-cuda-graphs",) if eager else ()))
+
+
+SERVICE_OPTIONS = {"rows": "rows", "tok": "tokenizers", "lanes": "lanes"}  # NAME then a number: _service's argument
 
 
 def parse_service(text):
-    """A service configuration named as WORKERS:PRECISION[:eager][:rowsN], such as 8:fp16:eager."""
+    """A service configuration named as WORKERS:PRECISION[:eager][:rowsN][:tokN][:lanesN], such as
+    8:fp16:eager or 2:fp16:tok6:lanes2."""
     count, precision, *options = text.split(":")
-    if precision not in ("fp32", "fp16") or not count.isdigit() or \
-            not all(option == "eager" or option.startswith("rows") and option[4:].isdigit() for option in options):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected WORKERS:fp32|fp16[:eager][:rowsN]")
-    rows = next((int(option[4:]) for option in options if option.startswith("rows")), None)
-    return _service(int(count), precision == "fp16", rows, "eager" in options)
+    numbers, unknown = {}, []
+    for option in options:
+        prefix = option.rstrip("0123456789")
+        if prefix in SERVICE_OPTIONS and option != prefix:
+            numbers[SERVICE_OPTIONS[prefix]] = int(option[len(prefix):])
+        elif option != "eager":
+            unknown.append(option)
+    if unknown or precision not in ("fp32", "fp16") or not count.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WORKERS:fp32|fp16[:eager][:rowsN][:tokN][:lanesN]")
+    return _service(int(count), precision == "fp16", eager="eager" in options, **numbers)
 
 
 def _precision(fp16):
@@ -92,8 +108,13 @@ def cells(seconds, short_count=20_000, medium_count=4_000):
             ("short, 1 client x 200 one at a time", False, one_client(short[:200], 1))]
 
 
-def sweep(to_run, loads, repeats):
-    """A row per engine of `to_run` and cell of `loads` that it takes, each the median of `repeats` runs."""
+def print_row(rows):
+    print(json.dumps(rows[-1]), flush=True)
+
+
+def sweep(to_run, loads, repeats, on_row=print_row):
+    """A row per engine of `to_run` and cell of `loads` that it takes, each the median of `repeats`
+    runs; `on_row` is given the rows so far after each one."""
     rows = []
     for name, make, in_process in to_run:
         with make() as engine:
@@ -103,7 +124,7 @@ def sweep(to_run, loads, repeats):
                 summary = load.median_of([measure(engine) for _ in range(repeats)])
                 rows.append({"configuration": name, "cell": cell, "texts_per_s": summary["sentences_per_s"],
                              "p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"]})
-                print(json.dumps(rows[-1]), flush=True)
+                on_row(rows)
     return rows
 
 
@@ -121,11 +142,18 @@ def default_workers():
 
 
 def measure(model, workers, seconds=5.0, repeats=1, texts=(20_000, 4_000), log_dir="/tmp", wide_rows=0,
-            services=None, baselines=None):
-    """The whole sweep: what --out writes."""
-    rows = sweep(engines_to_run(model, workers, log_dir, wide_rows, services, baselines), cells(seconds, *texts),
-                 repeats)
-    return {"device": device_name(), "default_workers": default_workers(), "rows": rows}
+            services=None, baselines=None, out=None):
+    """The whole sweep: what `out` (a path) gets, written again after each row, so that a sweep
+    stopped at a time limit leaves the rows it measured."""
+    def on_row(rows):
+        print_row(rows)
+        if out:
+            Path(out).write_text(json.dumps(result(rows), indent=1))
+
+    def result(rows):
+        return {"device": device_name(), "default_workers": default_workers(), "rows": rows}
+    return result(sweep(engines_to_run(model, workers, log_dir, wide_rows, services, baselines),
+                        cells(seconds, *texts), repeats, on_row))
 
 
 def main(argv=None):
@@ -135,8 +163,9 @@ def main(argv=None):
     parser.add_argument("--wide-rows", type=int, default=256,
                         help="the most workers once more with passes of up to this many rows (0: not)")
     parser.add_argument("--services", type=parse_service, nargs="+",
-                        help="these configurations instead, each WORKERS:fp32|fp16[:eager][:rowsN] "
-                             "(eager: without CUDA graphs)")
+                        help="these configurations instead, each WORKERS:fp32|fp16[:eager][:rowsN][:tokN][:lanesN] "
+                             "(eager: without CUDA graphs; tok: threads tokenizing in each worker; lanes: its "
+                             "passes at once)")
     parser.add_argument("--baselines", nargs="*", choices=("fp32", "fp16"),
                         help="sentence-transformers in these precisions (default: fp32, and fp16 on cuda)")
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -146,10 +175,8 @@ def main(argv=None):
     parser.add_argument("--out", help="a JSON file for every row")
     parser.add_argument("--log-dir", default="/tmp")
     args = parser.parse_args(argv)
-    result = measure(args.model, args.workers, args.seconds, args.repeats, args.texts, args.log_dir, args.wide_rows,
-                     args.services, args.baselines)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+    measure(args.model, args.workers, args.seconds, args.repeats, args.texts, args.log_dir, args.wide_rows,
+            args.services, args.baselines, args.out)
     return 0
 
 

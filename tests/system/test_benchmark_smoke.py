@@ -1,9 +1,12 @@
 """The benchmark machinery end to end at toy sizes: it must produce its JSON, plots and table."""
+import argparse
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,6 +78,11 @@ def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path, monkeypatch):
         ["--device", "cuda", "--num-worker", "2", "--fp16", "--max-batch-size", "128"]]
     assert gpu_sweep.parse_service("8:fp16:eager") == (
         "8 workers, fp16, no CUDA graphs", ("--device", "cuda", "--num-worker", "8", "--fp16", "--no-cuda-graphs"))
+    assert gpu_sweep.parse_service("2:fp32:tok6:lanes2") == (
+        "2 workers, fp32, 2 lanes, 6 tokenizing",
+        ("--device", "cuda", "--num-worker", "2", "--lanes", "2", "--tokenizer-threads", "6"))
+    with pytest.raises(argparse.ArgumentTypeError, match="expected WORKERS"):
+        gpu_sweep.parse_service("2:fp16:tok")
     from benchmark.report import _gpu_table  # the `gpu` scenario's table in RESULTS.md, from the same rows
     table = "\n".join(_gpu_table(sweep))
     assert "| 2 workers, fp32 | short, 32 clients x 32 |" in table and "| sentence-transformers, fp32 |" in table
