@@ -25,12 +25,13 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from benchmark import corpus, engines, load  # noqa: E402
+from benchmark import corpus, engines, load, pipeline  # noqa: E402
 
 DEVICE = os.environ.get("DEVICE", "cuda")
 
@@ -114,18 +115,42 @@ def print_row(rows):
 
 def sweep(to_run, loads, repeats, on_row=print_row):
     """A row per engine of `to_run` and cell of `loads` that it takes, each the median of `repeats`
-    runs; `on_row` is given the rows so far after each one."""
+    runs; `on_row` is given the rows so far after each one. A service's row also says how many
+    cores each of its stages kept busy over the cell (warm-up included): workers that keep fewer
+    busy than they have threads to tokenize and run are waiting on the GPU."""
     rows = []
     for name, make, in_process in to_run:
         with make() as engine:
             for cell, for_in_process, measure in loads:
                 if in_process and not for_in_process:
                     continue
-                summary = load.median_of([measure(engine) for _ in range(repeats)])
+                with BusyCores(None if in_process else engine.process.pid) as busy:
+                    summary = load.median_of([measure(engine) for _ in range(repeats)])
                 rows.append({"configuration": name, "cell": cell, "texts_per_s": summary["sentences_per_s"],
-                             "p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"]})
+                             "p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"],
+                             **({"busy_cores": busy.cores} if busy.cores else {})})
                 on_row(rows)
     return rows
+
+
+class BusyCores:
+    """Over a `with` block, the cores each stage of the server whose pid is given kept busy (its
+    CPU seconds over the block's seconds), in `cores`; empty without a pid."""
+
+    def __init__(self, server_pid):
+        self.server_pid, self.cores = server_pid, {}
+
+    def __enter__(self):
+        self.started, self.before = time.monotonic(), self._read()
+        return self
+
+    def __exit__(self, *_):
+        seconds, after = time.monotonic() - self.started, self._read()
+        self.cores = {stage: round((spent - self.before.get(stage, 0.0)) / seconds, 2)
+                      for stage, spent in after.items()}
+
+    def _read(self):
+        return pipeline.stage_cpu_seconds(self.server_pid, clients=False) if self.server_pid else {}
 
 
 def device_name():

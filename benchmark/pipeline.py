@@ -88,23 +88,26 @@ class StageClock:
     def _read(self):
         for moment in self.window:
             time.sleep(max(0.0, moment - time.time()))
-            self.readings.append(self._stages())
+            self.readings.append(stage_cpu_seconds(self.server_pid))
 
-    def _stages(self):
-        import psutil
-        totals = {}
-        server = {process.pid: process for process in _tree(self.server_pid)} if self.server_pid else {}
-        clients = [process for process in psutil.Process().children(recursive=True) if process.pid not in server
-                   and process.pid != self.server_pid]
-        for stage, processes in (*((_stage(process), [process]) for process in server.values()),
-                                 ("clients", clients)):
-            for process in processes:
-                try:
-                    times = process.cpu_times()
-                except psutil.Error:
-                    continue
-                totals[stage] = totals.get(stage, 0.0) + times.user + times.system
-        return totals
+
+def stage_cpu_seconds(server_pid, clients=True):
+    """CPU seconds each stage has spent so far: the server's processes (`server_pid` and its
+    children), told apart by the names they give themselves, and with `clients` this process's
+    other children (the loaders)."""
+    import psutil
+    totals = {}
+    server = {process.pid: process for process in _tree(server_pid)} if server_pid else {}
+    others = [process for process in psutil.Process().children(recursive=True) if process.pid not in server
+              and process.pid != server_pid] if clients else []
+    for stage, processes in (*((_stage(process), [process]) for process in server.values()), ("clients", others)):
+        for process in processes:
+            try:
+                times = process.cpu_times()
+            except psutil.Error:
+                continue
+            totals[stage] = totals.get(stage, 0.0) + times.user + times.system
+    return totals
 
 
 def _tree(pid):

@@ -159,13 +159,24 @@ def _gpu_table(gpu):
                         "a CUDA device adds this table. The CUDA paths have run on H200s (issue 31, "
                         "benchmark/results/issue31-gpu).", ""]
     for sweep in gpu if isinstance(gpu, list) else [gpu]:
+        busy = any("busy_cores" in row for row in sweep["rows"])
         lines += [f"{sweep['device']}: the service (a worker per two CPUs by default here: {sweep['default_workers']}) "
                   "against sentence-transformers in-process on the same device (batch 256), "
                   "`benchmark/gpu_sweep.py`." + (f" {sweep['note']}" if sweep.get("note") else ""), "",
-                  "| engine | cell | texts/s | p50 ms | p99 ms |", "|---|---|---|---|---|"]
+                  "| engine | cell | texts/s | p50 ms | p99 ms |" + (BUSY_HEAD if busy else ""),
+                  "|---|---|---|---|---|" + ("---|" if busy else "")]
         lines += [f"| {row['configuration']} | {row['cell']} | {row['texts_per_s']:,.0f} | {row['p50_ms']} | "
-                  f"{row['p99_ms']} |" for row in sweep["rows"]] + [""]
+                  f"{row['p99_ms']} |" + (f" {_busy_cores(row)} |" if busy else "") for row in sweep["rows"]] + [""]
     return lines
+
+
+BUSY_HEAD = " cores busy: workers / ventilator / sink |"
+
+
+def _busy_cores(row):
+    """A service's cores kept busy per stage (sweeps since 2026-11-28 measure them), else a dash."""
+    busy = row.get("busy_cores")
+    return " / ".join(f"{busy.get(stage, 0):.2f}" for stage in ("workers", "ventilator", "sink")) if busy else "–"
 
 
 def _relative(base, name):

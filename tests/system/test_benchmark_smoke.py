@@ -67,6 +67,10 @@ def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path, monkeypatch):
         ("sentence-transformers, fp32", "medium, 1 client x 100 in 256s"),
         *(("2 workers, fp32", load) for load in loads), *(("2 workers, fp32, 128 rows a pass", load) for load in loads)]
     assert all(row["texts_per_s"] > 0 and row["p50_ms"] > 0 for row in sweep["rows"])
+    services = [row for row in sweep["rows"] if not row["configuration"].startswith("sentence-transformers")]
+    assert all(row["busy_cores"]["workers"] > 0 and {"ventilator", "sink"} <= row["busy_cores"].keys()
+               for row in services)  # the ventilator's and sink's may round to 0 in cells this short
+    assert all("busy_cores" not in row for row in sweep["rows"] if row not in services)  # in process: not measured
     from benchmark import gpu_sweep  # the servers' flags: the wide configuration is the most workers, rows capped
     monkeypatch.setattr(gpu_sweep, "DEVICE", "cuda")
     services = [make() for _, make, in_process in gpu_sweep.engines_to_run(tiny_model, [1, 2], tmp_path, 128)
@@ -86,6 +90,7 @@ def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path, monkeypatch):
     from benchmark.report import _gpu_table  # the `gpu` scenario's table in RESULTS.md, from the same rows
     table = "\n".join(_gpu_table(sweep))
     assert "| 2 workers, fp32 | short, 32 clients x 32 |" in table and "| sentence-transformers, fp32 |" in table
+    assert "| cores busy: workers / ventilator / sink |" in table
 
 
 def test_interleaved_times_each_text_in_process_and_through_the_service(tiny_model):
