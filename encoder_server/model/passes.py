@@ -5,6 +5,7 @@ A pass is capped by padded tokens (rows x longest row) and by row count, so a 4-
 never padded to 256, and holds rows of similar length, since padding costs as much as real tokens.
 """
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,39 +87,50 @@ def _joined(rows, lengths):
     return np.fromiter(itertools.chain.from_iterable(rows), np.int64, int(lengths.sum()))
 
 
-# What one more forward pass costs, in padded tokens: the bundled model on one thread takes about
-# 5 ms a pass and 0.3 ms a token, and every pass reads all the weights again whatever its size.
+# What one more forward pass costs, in padded tokens. On the CPU the bundled model on one thread
+# takes about 5 ms a pass and 0.3 ms a token, and every pass reads all the weights again whatever
+# its size. On a GPU a pass's fixed cost (its launches or a graph's replay, the copies in and out,
+# the wait for its rows: 0.45 ms for one short text on an H200 with CUDA graphs) would compute
+# thousands of tokens, more than a pass holds, so there passes are cut by the budget and the row
+# limit alone.
 PASS_COST_TOKENS = 16
+GPU_PASS_COST_TOKENS = math.inf
 
 
-def group_sizes(lengths, max_tokens, max_rows):
+def pass_cost_tokens(device):
+    """What one more forward pass costs on `device`, in padded tokens."""
+    return GPU_PASS_COST_TOKENS if device == "cuda" else PASS_COST_TOKENS
+
+
+def group_sizes(lengths, max_tokens, max_rows, pass_cost=PASS_COST_TOKENS):
     """Ascending row lengths cut into consecutive passes; returns each pass's row count. A pass
     grows while its padded size (rows x longest) fits `max_tokens`, its rows fit `max_rows`, and
-    padding its rows to the next row's length costs no more than another pass would: 32 short
-    texts then take 3 passes, not 1 padded to the longest, in 0.63x the time."""
+    padding its rows to the next row's length costs no more than another pass would (`pass_cost`
+    tokens): on the CPU, 32 short texts then take 3 passes, not 1 padded to the longest, in 0.63x
+    the time."""
     sizes, start = [], 0
     while start < len(lengths):
         count = 1
         while start + count < len(lengths) and count < max_rows \
                 and (count + 1) * lengths[start + count] <= max_tokens \
-                and count * (lengths[start + count] - lengths[start + count - 1]) <= PASS_COST_TOKENS:
+                and count * (lengths[start + count] - lengths[start + count - 1]) <= pass_cost:
             count += 1
         sizes.append(count)
         start += count
     return sizes
 
 
-def cut_by_length(lengths, max_tokens, max_rows):
+def cut_by_length(lengths, max_tokens, max_rows, pass_cost=PASS_COST_TOKENS):
     """Row indices grouped into passes of similar length (group_sizes), shortest rows first."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     groups, start = [], 0
-    for size in group_sizes([lengths[i] for i in order], max_tokens, max_rows):
+    for size in group_sizes([lengths[i] for i in order], max_tokens, max_rows, pass_cost):
         groups.append(order[start:start + size])
         start += size
     return groups
 
 
-def plan_passes(encoding, max_tokens, max_rows, pad_id=0):
+def plan_passes(encoding, max_tokens, max_rows, pad_id=0, pass_cost=PASS_COST_TOKENS):
     """(row indices, Pass) for each pass that an Encoding's rows take, shortest rows first."""
     return [(group, Pass.of([(encoding, i) for i in group], pad_id))
-            for group in cut_by_length([len(ids) for ids in encoding.ids], max_tokens, max_rows)]
+            for group in cut_by_length([len(ids) for ids in encoding.ids], max_tokens, max_rows, pass_cost)]

@@ -8,7 +8,7 @@ does. It has the Embedder's stages (`tokenize`, `run`, `finish`), so the worker 
 import numpy as np
 
 from .backends import load_backends
-from .passes import plan_passes
+from .passes import pass_cost_tokens, plan_passes
 from .tokenizer import Tokenizer
 
 
@@ -62,6 +62,6 @@ class Reranker:
         """Raw scores [rows, 1] of tokenized pairs, in passes under the token budget, in input order."""
         rows = np.zeros((len(encoding), 1), dtype=np.float32)
         for group, inputs in plan_passes(encoding, self.spec.max_batch_tokens, self.spec.max_batch_size,
-                                         self.tokenizer.pad_id):
+                                         self.tokenizer.pad_id, pass_cost_tokens(self.spec.device)):
             rows[group] = self.run(inputs, alone)
         return rows

@@ -12,7 +12,7 @@ from encoder_client.sparse import SparseVectors
 from encoder_client.validation import check_texts
 
 from .embedder import Embedder
-from .passes import plan_passes
+from .passes import pass_cost_tokens, plan_passes
 
 
 class SparseEmbedder(Embedder):
@@ -50,7 +50,7 @@ class SparseEmbedder(Embedder):
         as it comes (a dense [rows, vocabulary] array of a whole request would be large)."""
         parts, order = [], []
         for group, inputs in plan_passes(encoding, self.spec.max_batch_tokens, self.spec.max_batch_size,
-                                         self.tokenizer.pad_id):
+                                         self.tokenizer.pad_id, pass_cost_tokens(self.spec.device)):
             parts.append(self.finish(self.run(inputs, alone), normalize, top_k))
             order.extend(group)
         return SparseVectors.concat(parts).take(np.argsort(order))

@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..model.arrays import stack_rows
-from ..model.passes import Encoding, Pass, group_sizes
+from ..model.passes import PASS_COST_TOKENS, Encoding, Pass, group_sizes
 from .messages import Job
 
 
@@ -81,14 +81,16 @@ class BatchPlanner:
 
     A bulk pass is anchored at the oldest job's longest remaining row (first come, first served)
     and filled, longest first, with rows of any buffered job, from any client, that are at most a
-    quarter (or MIN_PADDING tokens) shorter, so padding stays small. The oldest job's rows
-    are taken first among those that fit.
+    quarter (or MIN_PADDING tokens) shorter, so padding stays small; where a pass costs more than
+    any padding (`pass_cost` tokens, on a GPU), with any shorter rows. The oldest job's rows are
+    taken first among those that fit.
     """
 
-    def __init__(self, max_batch_tokens=1024, max_batch_size=64, pad_id=0):
+    def __init__(self, max_batch_tokens=1024, max_batch_size=64, pad_id=0, pass_cost=PASS_COST_TOKENS):
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.pad_id = pad_id
+        self.pass_cost = pass_cost
         self._priority_rows = []    # rows of every buffered priority job, sorted by length
         self._bulk = deque()        # [job, its rows not yet taken, sorted by length, their lengths], oldest first
 
@@ -131,7 +133,7 @@ class BatchPlanner:
 
     def _next_bulk_rows(self):
         longest = self._bulk[0][2][-1]
-        floor = longest - max(longest // 4, MIN_PADDING)
+        floor = 0 if self.pass_cost >= self.max_batch_tokens else longest - max(longest // 4, MIN_PADDING)
         room = max(1, min(self.max_batch_size, self.max_batch_tokens // longest))
         taken = []
         for entry in self._bulk:
@@ -151,7 +153,8 @@ class BatchPlanner:
         they make (group_sizes), the one holding the oldest job's row, so that none waits forever."""
         oldest = min(range(len(rows)), key=lambda index: rows[index][0].arrived)
         start = 0
-        for size in group_sizes([_length(row) for row in rows], self.max_batch_tokens, self.max_batch_size):
+        for size in group_sizes([_length(row) for row in rows], self.max_batch_tokens, self.max_batch_size,
+                                self.pass_cost):
             if oldest < start + size:
                 return rows[start:start + size], rows[:start] + rows[start + size:]
             start += size

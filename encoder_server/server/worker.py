@@ -35,6 +35,7 @@ import zmq
 from encoder_client.protocol import BAD_REQUEST
 
 from ..model.cpus import lone_lane_threads
+from ..model.passes import pass_cost_tokens
 from ..model.prepare import open_model
 from ..model.sample import SAMPLE
 from ..processes import start_child
@@ -62,7 +63,8 @@ class Worker:
         self.model_name = settings.name
         self.model = open_model(settings, lone_threads)  # an Embedder, a Reranker or a SparseEmbedder
         self.kind = settings.kind
-        self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.model.tokenizer.pad_id)
+        self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.model.tokenizer.pad_id,
+                                    pass_cost_tokens(settings.device))
         self.batch_wait_s = settings.batch_wait_ms / 1000
         self.received = queue.SimpleQueue()  # (job, monotonic arrival), from intake to prefetch
         self.outbox = queue.SimpleQueue()    # Dropped, Refused and Ready messages, for intake to send

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from encoder_server.model.arrays import concat_parts, pad_token_axis, stack_rows
-from encoder_server.model.passes import PASS_COST_TOKENS, Encoding, Pass, cut_by_length, group_sizes
+from encoder_server.model.passes import (GPU_PASS_COST_TOKENS, PASS_COST_TOKENS, Encoding, Pass, cut_by_length,
+                                         group_sizes, pass_cost_tokens)
 from encoder_server.server.batching import BULK, MIN_PADDING, PRIORITY, BatchPlanner, Tokenized
 from encoder_server.server.messages import Job
 
@@ -45,13 +46,14 @@ def row_lengths(batch):
 
 # ----- budgets and ordering -----
 
+@pytest.mark.parametrize("pass_cost", [PASS_COST_TOKENS, GPU_PASS_COST_TOKENS])
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("max_tokens, max_size", [(64, 256), (100, 4), (30, 3), (1000, 7)])
-def test_passes_respect_budgets_and_cover_every_row_once(seed, max_tokens, max_size):
+def test_passes_respect_budgets_and_cover_every_row_once(seed, max_tokens, max_size, pass_cost):
     rng = np.random.default_rng(seed)
     jobs = [make_job(list(rng.integers(3, 40, size=rng.integers(1, 20))), priority=bool(rng.integers(2)),
                      job_id=j + 1) for j in range(4)]
-    planner = BatchPlanner(max_batch_tokens=max_tokens, max_batch_size=max_size)
+    planner = BatchPlanner(max_batch_tokens=max_tokens, max_batch_size=max_size, pass_cost=pass_cost)
     for job in jobs:
         planner.add(job)
     seen = []
@@ -250,6 +252,22 @@ def test_each_bulk_pass_starts_from_the_oldest_jobs_longest_row():
     passes = [[(job.job.job_id, len(job.ids[row])) for job, row in batch.rows] for batch in all_passes(planner)]
     # rows at most a quarter shorter join the anchor; a longer row never does
     assert passes == [[(2, 48), (1, 50)], [(2, 19), (1, 20)], [(1, 5)], [(2, 60)], [(2, 6)]]
+
+
+@pytest.mark.parametrize("priority", [False, True])
+def test_on_a_gpu_rows_of_any_length_fill_a_pass_up_to_the_budget_and_the_row_limit(priority):
+    """Where a pass costs more than any padding (pass_cost_tokens("cuda")), a job's short texts take
+    one pass, and other jobs' rows join it, where the CPU's planner cuts them by length."""
+    lengths = [3, 5, 8, 12, 12, 17, 20, 26]
+
+    def passes(device, max_size=64):
+        planner = BatchPlanner(max_batch_tokens=16384, max_batch_size=max_size, pass_cost=pass_cost_tokens(device))
+        planner.add(make_job(lengths, priority=priority, job_id=1))
+        planner.add(make_job([4, 9], priority=priority, job_id=2))
+        return [row_lengths(batch) for batch in all_passes(planner)]
+    assert passes("cuda") == [sorted(lengths + [4, 9])]
+    assert len(passes("cpu")) >= 2
+    assert [len(rows) for rows in passes("cuda", max_size=4)] == [4, 4, 2]
 
 
 # ----- lanes -----
