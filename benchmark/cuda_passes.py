@@ -11,7 +11,8 @@ server's passes rarely repeat a shape, and cuDNN's attention builds a plan for e
 Then one short text per pass, as a batch-1 request runs: milliseconds per pass.
 
 Last, the torch backend as a worker runs it, with and without CUDA graphs (model.cuda_graphs): the
-planned passes (texts per second) and one short text per pass (milliseconds, p50 and p90).
+planned passes, and the same texts cut as on the CPU (texts per second), and one short text per
+pass (milliseconds, p50 and p90).
 
     DEVICE=cuda python -m benchmark.cuda_passes MODEL_FOLDER [--count 4096] [--only warmed unseen single graphs]
 
@@ -27,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from encoder_server.model.passes import Pass, plan_passes
+from encoder_server.model.passes import PASS_COST_TOKENS, Pass, pass_cost_tokens, plan_passes
 from encoder_server.model.spec import ModelSpec, resolve_spec
 from encoder_server.model.tokenizer import Tokenizer
 from encoder_server.model.torch_backend import load_on_device, without_per_shape_attention_plans
@@ -95,7 +96,8 @@ def main(argv=None):
         for fp16 in (False, True):
             spec = resolve_spec(ModelSpec(model=args.model, device=DEVICE, fp16=fp16 and DEVICE == "cuda"))
             tokenizer = Tokenizer.for_spec(spec)
-            planned = [inputs for _, inputs in plan_passes(tokenizer.tokenize(texts), spec.max_batch_tokens, 256)]
+            planned = [inputs for _, inputs in plan_passes(tokenizer.tokenize(texts), spec.max_batch_tokens, 256,
+                                                           tokenizer.pad_id, pass_cost_tokens(DEVICE))]
             if "warmed" in args.only:
                 results.update(warmed_up(kind, fp16, spec, planned, len(texts)))
             if "unseen" in args.only and DEVICE == "cuda":
@@ -154,10 +156,13 @@ def one_text_passes(fp16, spec, tokenizer, texts):
 
 
 def graphed(kind, fp16, spec, tokenizer, planned, texts):
-    """The planned passes, and for short texts one text per pass, through the torch backend with
-    and without CUDA graphs (model.cuda_graphs), after a round over the same passes."""
+    """The planned passes, the same texts cut as on the CPU (by length, a pass costing 16 tokens),
+    and for short texts one text per pass, through the torch backend with and without CUDA graphs
+    (model.cuda_graphs), after a round over the same passes."""
     from encoder_server.model.torch_backend import TorchBackend
-    passes = {"planned": planned}
+    cut_as_on_cpu = [inputs for _, inputs in plan_passes(tokenizer.tokenize(texts), spec.max_batch_tokens, 256,
+                                                         tokenizer.pad_id, PASS_COST_TOKENS)]
+    passes = {"planned": planned, "planned, cut as on the CPU": cut_as_on_cpu}
     if kind == "short":
         passes["one text"] = [inputs for text in texts[:SINGLE_TEXTS]
                               for _, inputs in plan_passes(tokenizer.tokenize([text]), spec.max_batch_tokens, 1)]
@@ -174,9 +179,10 @@ def graphed(kind, fp16, spec, tokenizer, planned, texts):
                 times.append(time.perf_counter() - started)
             key = f"{kind} {'fp16' if fp16 else 'fp32'} {name}, {'CUDA graphs' if graphs else 'eager'}"
             p90 = sorted(times)[len(times) * 9 // 10]
-            results[key] = (round(len(texts) / sum(times)) if name == "planned" else
+            per_text = name.startswith("planned")
+            results[key] = (round(len(texts) / sum(times)) if per_text else
                             [round(1e3 * statistics.median(times), 2), round(1e3 * p90, 2)])
-            print(key, results[key], "texts/s" if name == "planned" else "p50 and p90 ms a pass", flush=True)
+            print(key, results[key], "texts/s" if per_text else "p50 and p90 ms a pass", flush=True)
     return results
 
 
