@@ -2,7 +2,8 @@
 rows sorted by length are cut into passes. Pure.
 
 A pass is capped by padded tokens (rows x longest row) and by row count, so a 4-token text is
-never padded to 256, and holds rows of similar length, since padding costs as much as real tokens.
+never padded to 256, and on the CPU holds rows of similar length, since padding there costs as much
+as real tokens (on a GPU another pass costs more; see pass_cost_tokens).
 """
 import itertools
 import math
