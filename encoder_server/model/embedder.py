@@ -12,7 +12,7 @@ from encoder_client.validation import check_texts
 from .arrays import normalize_rows, pad_token_axis, stack_rows
 from .backends import load_backends
 from .outputs import Output, calibration_ranges, finish
-from .passes import pass_cost_tokens, plan_passes
+from .passes import passes_for
 from .tokenizer import Tokenizer
 
 
@@ -82,8 +82,7 @@ class Embedder:
     def embed_encoding(self, encoding, normalize=None, alone=False):
         """Tokenized texts, embedded in passes of similar length under the token budget."""
         rows = [None] * len(encoding)
-        for group, inputs in plan_passes(encoding, self.spec.max_batch_tokens, self.spec.max_batch_size,
-                                         self.tokenizer.pad_id, pass_cost_tokens(self.spec.device)):
+        for group, inputs in passes_for(self.spec, encoding, self.tokenizer.pad_id):
             for index, output in zip(group, self.run(inputs, alone)):
                 rows[index] = output
         return self.finish(stack_rows(rows), normalize)

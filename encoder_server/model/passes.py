@@ -135,3 +135,8 @@ def plan_passes(encoding, max_tokens, max_rows, pad_id=0, pass_cost=PASS_COST_TO
     """(row indices, Pass) for each pass that an Encoding's rows take, shortest rows first."""
     return [(group, Pass.of([(encoding, i) for i in group], pad_id))
             for group in cut_by_length([len(ids) for ids in encoding.ids], max_tokens, max_rows, pass_cost)]
+
+
+def passes_for(spec, encoding, pad_id=0):
+    """plan_passes within a model spec's token budget and row limit, at its device's pass cost."""
+    return plan_passes(encoding, spec.max_batch_tokens, spec.max_batch_size, pad_id, pass_cost_tokens(spec.device))

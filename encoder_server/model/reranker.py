@@ -8,7 +8,7 @@ does. It has the Embedder's stages (`tokenize`, `run`, `finish`), so the worker 
 import numpy as np
 
 from .backends import load_backends
-from .passes import pass_cost_tokens, plan_passes
+from .passes import passes_for
 from .tokenizer import Tokenizer
 
 
@@ -61,7 +61,6 @@ class Reranker:
     def _raw_rows(self, encoding, alone=False):
         """Raw scores [rows, 1] of tokenized pairs, in passes under the token budget, in input order."""
         rows = np.zeros((len(encoding), 1), dtype=np.float32)
-        for group, inputs in plan_passes(encoding, self.spec.max_batch_tokens, self.spec.max_batch_size,
-                                         self.tokenizer.pad_id, pass_cost_tokens(self.spec.device)):
+        for group, inputs in passes_for(self.spec, encoding, self.tokenizer.pad_id):
             rows[group] = self.run(inputs, alone)
         return rows

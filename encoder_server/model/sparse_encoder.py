@@ -12,7 +12,7 @@ from encoder_client.sparse import SparseVectors
 from encoder_client.validation import check_texts
 
 from .embedder import Embedder
-from .passes import pass_cost_tokens, plan_passes
+from .passes import passes_for
 
 
 class SparseEmbedder(Embedder):
@@ -49,8 +49,7 @@ class SparseEmbedder(Embedder):
         """Tokenized texts, in passes of similar length under the token budget, each pass made sparse
         as it comes (a dense [rows, vocabulary] array of a whole request would be large)."""
         parts, order = [], []
-        for group, inputs in plan_passes(encoding, self.spec.max_batch_tokens, self.spec.max_batch_size,
-                                         self.tokenizer.pad_id, pass_cost_tokens(self.spec.device)):
+        for group, inputs in passes_for(self.spec, encoding, self.tokenizer.pad_id):
             parts.append(self.finish(self.run(inputs, alone), normalize, top_k))
             order.extend(group)
         return SparseVectors.concat(parts).take(np.argsort(order))
