@@ -96,8 +96,9 @@ def main(argv=None):
         for fp16 in (False, True):
             spec = resolve_spec(ModelSpec(model=args.model, device=DEVICE, fp16=fp16 and DEVICE == "cuda"))
             tokenizer = Tokenizer.for_spec(spec)
-            planned = [inputs for _, inputs in plan_passes(tokenizer.tokenize(texts), spec.max_batch_tokens, 256,
-                                                           tokenizer.pad_id, pass_cost_tokens(DEVICE))]
+            encoding = tokenizer.tokenize(texts)
+            planned = [inputs for _, inputs in plan_passes(encoding, spec.max_batch_tokens, 256, tokenizer.pad_id,
+                                                           pass_cost_tokens(DEVICE))]
             if "warmed" in args.only:
                 results.update(warmed_up(kind, fp16, spec, planned, len(texts)))
             if "unseen" in args.only and DEVICE == "cuda":
@@ -105,7 +106,7 @@ def main(argv=None):
             if "single" in args.only and kind == "short":
                 results.update(one_text_passes(fp16, spec, tokenizer, texts[:SINGLE_TEXTS]))
             if "graphs" in args.only and DEVICE == "cuda":
-                results.update(graphed(kind, fp16, spec, tokenizer, planned, texts))
+                results.update(graphed(kind, fp16, spec, tokenizer, encoding, planned, texts))
     print(json.dumps(results, indent=1))
 
 
@@ -155,13 +156,13 @@ def one_text_passes(fp16, spec, tokenizer, texts):
     return results
 
 
-def graphed(kind, fp16, spec, tokenizer, planned, texts):
+def graphed(kind, fp16, spec, tokenizer, encoding, planned, texts):
     """The planned passes, the same texts cut as on the CPU (by length, a pass costing 16 tokens),
     and for short texts one text per pass, through the torch backend with and without CUDA graphs
     (model.cuda_graphs), after a round over the same passes."""
     from encoder_server.model.torch_backend import TorchBackend
-    cut_as_on_cpu = [inputs for _, inputs in plan_passes(tokenizer.tokenize(texts), spec.max_batch_tokens, 256,
-                                                         tokenizer.pad_id, PASS_COST_TOKENS)]
+    cut_as_on_cpu = [inputs for _, inputs in plan_passes(encoding, spec.max_batch_tokens, 256, tokenizer.pad_id,
+                                                         PASS_COST_TOKENS)]
     passes = {"planned": planned, "planned, cut as on the CPU": cut_as_on_cpu}
     if kind == "short":
         passes["one text"] = [inputs for text in texts[:SINGLE_TEXTS]

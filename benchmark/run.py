@@ -235,7 +235,7 @@ class Suite:
 
         from benchmark import graphs
         from encoder_server.model.model_cache import onnx_files
-        from encoder_server.model.passes import plan_passes
+        from encoder_server.model.passes import passes_for
         from encoder_server.model.tokenizer import Tokenizer
         from encoder_server.settings import resolve
 
@@ -244,8 +244,7 @@ class Suite:
         passes_by_kind = {}
         for kind in self.plan.kinds:
             encoding = tokenizer.tokenize(corpus.texts(kind, self.plan.texts[kind]))
-            passes_by_kind[kind] = [inputs for _, inputs in plan_passes(encoding, settings.max_batch_tokens,
-                                                                        settings.max_batch_size, tokenizer.pad_id)]
+            passes_by_kind[kind] = [inputs for _, inputs in passes_for(settings, encoding, tokenizer.pad_id)]
         config = AutoConfig.from_pretrained(settings.model)
         return graphs.screen(onnx_files(settings)[0], config, passes_by_kind, self.plan.repeats, settings)
 
