@@ -13,7 +13,8 @@
 #             (benchmark/gpu_sweep.py): goals 1, 2 and 4, most telling first
 #   passes    the model alone on the service's passes, warmed up: fp32 and fp16, SDPA and eager
 #   precision the model's rows in fp16 and bf16 against fp32 on the GPU (benchmark/half_precision.py)
-#   pipeline  the server's own ceiling on the zero backend, on the host's 16 cores, clients in 8 processes
+#   pipeline  what one hop between two processes costs there (benchmark/hops.py), then the server's own
+#             ceiling on the zero backend, on the host's 16 cores, clients in 8 processes
 #   graphs    CUDA graphs (on by default): their CUDA tests, the backend with and without them
 #             (benchmark/cuda_passes.py), and the service at 8 workers in fp16 with and without them, 8 in
 #             fp32 and 4 in fp16 with them, beside sentence-transformers in fp16

@@ -5,6 +5,8 @@ cores, as they do in every scenario here).
 
     python -m benchmark.pipeline [--seconds 5] [--repeats 3] [--loaders 2] [-- server flags]
 
+It first prints what one hop between two processes costs on this host (benchmark/hops.py).
+
 Clients run in `--loaders` processes (threads of the sync client in each), so that one client
 process's interpreter does not cap the rate it measures. Each cell is a closed loop: every client
 sends its request, waits for the reply and sends again; replies that arrive inside the window count.
@@ -25,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from benchmark import corpus, engines, load  # noqa: E402
+from benchmark import corpus, engines, hops, load  # noqa: E402
 
 CELLS = (("32 clients x 32 short texts", 32, 32), ("32 clients x 1 short text", 32, 1))
 ZERO_BACKEND = {"ENCODER_SERVER_ZERO_BACKEND": "1"}
@@ -165,6 +167,7 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help="write the rows as JSON to this file")
     parser.add_argument("flags", nargs="*", help="server flags, after --")
     args = parser.parse_args(argv)
+    print(json.dumps({"hops": hops.measure(1000)}), flush=True)  # what each of a request's hops costs here
     rows = measure(args.model, args.flags, seconds=args.seconds, repeats=args.repeats, loaders=args.loaders)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))

@@ -115,3 +115,12 @@ def test_engines_take_turns_run_by_run_and_each_gets_the_median_of_its_own_runs(
     medians = taking_turns(["in-process", "service"], run, repeats=3)
     assert order == ["in-process", "service"] * 3
     assert medians == [{"sentences_per_s": 3}, {"sentences_per_s": 4}]
+
+
+def test_hops_times_zeromq_and_a_bare_socket_between_two_processes():
+    from benchmark import hops
+    figures = hops.measure(messages=50)
+    assert set(figures) == {"send_after_idle_us", "send_back_to_back_us", "round_trip_us", "unix_round_trip_us"}
+    assert all(value > 0 for value in figures.values()), figures
+    # a round trip waits for another process to answer: it cannot be as quick as handing a message on
+    assert figures["round_trip_us"] > figures["send_back_to_back_us"], figures
