@@ -103,6 +103,10 @@ def test_each_precision_is_quantize_embeddings_with_the_published_ranges(client,
     if precision in ("int8", "uint8"):  # a value on a step's edge may round either way through the ranges' float32
         assert np.abs(served.astype(int) - expected.astype(int)).max() <= 1
         assert np.mean(served == expected) > 0.999
+    elif precision == "float16":  # two requests' float32 rows, cut into other passes, may differ in a last bit,
+        # and a value that close to a half step then rounds either way
+        np.testing.assert_array_max_ulp(served, expected, maxulp=1)
+        assert np.mean(served == expected) > 0.999
     else:
         np.testing.assert_array_equal(served, expected)
 
