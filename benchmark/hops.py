@@ -35,22 +35,22 @@ def measure(messages=2000):
     with tempfile.TemporaryDirectory() as folder:
         zmq_address, unix_path = f"ipc://{Path(folder) / 'zmq'}", str(Path(folder) / "unix")
         context = zmq.Context()
+        # never a wait without end: a peer that died makes a send or receive raise zmq.Again
+        context.setsockopt(zmq.SNDTIMEO, 30_000)
+        context.setsockopt(zmq.RCVTIMEO, 30_000)
+        context.setsockopt(zmq.LINGER, 1000)
         try:
-            with _Peer(_take, zmq_address, 2 * messages + 1):
-                push = context.socket(zmq.PUSH)
+            with _Peer(_take, zmq_address, 2 * messages + 1), context.socket(zmq.PUSH) as push:
                 push.connect(zmq_address)
                 push.send(b"connected")
                 time.sleep(0.3)
                 idle = _timed(lambda: push.send(b"x"), messages, pause=0.001)
                 back_to_back = _timed(lambda: push.send(b"x"), messages)
-                push.close(linger=1000)
-            with _Peer(_echo, zmq_address, messages + 1):
-                pair = context.socket(zmq.PAIR)
+            with _Peer(_echo, zmq_address, messages + 1), context.socket(zmq.PAIR) as pair:
                 pair.connect(zmq_address)
                 pair.send(b"connected")
                 pair.recv()
                 round_trip = _timed(_ping(pair.send, pair.recv), messages, pause=0.001)
-                pair.close(linger=0)
         finally:
             context.term()
         with socket.socket(socket.AF_UNIX) as listener:
