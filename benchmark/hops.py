@@ -7,7 +7,7 @@ sink, sink to ventilator and to client) before any of its own work:
 A ZeroMQ socket hands each message to the I/O thread of its process, which writes it to the
 connection; a receiving process's I/O thread reads it and hands it to the thread that polls. A
 thread that sleeps must be woken for that, and on a virtual machine a wake-up can cost far more
-than the message. Three figures, each a median over `messages`, over ipc as the server's own
+than the message. Four figures, each a median over `messages`, over ipc as the server's own
 processes talk:
 
 - `send_after_idle_us`: the sending thread's time in `send` when its I/O thread has gone to sleep
@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+
 def measure(messages=2000):
     """{send_after_idle_us, send_back_to_back_us, round_trip_us, unix_round_trip_us}, medians of
     `messages` each."""
@@ -40,13 +41,13 @@ def measure(messages=2000):
         context.setsockopt(zmq.RCVTIMEO, 30_000)
         context.setsockopt(zmq.LINGER, 1000)
         try:
-            with _Peer(_take, zmq_address, 2 * messages + 1), context.socket(zmq.PUSH) as push:
+            with _Peer(_zmq_peer, zmq_address, 2 * messages + 1, False), context.socket(zmq.PUSH) as push:
                 push.connect(zmq_address)
                 push.send(b"connected")
                 time.sleep(0.3)
                 idle = _timed(lambda: push.send(b"x"), messages, pause=0.001)
                 back_to_back = _timed(lambda: push.send(b"x"), messages)
-            with _Peer(_echo, zmq_address, messages + 1), context.socket(zmq.PAIR) as pair:
+            with _Peer(_zmq_peer, zmq_address, messages + 1, True), context.socket(zmq.PAIR) as pair:
                 pair.connect(zmq_address)
                 pair.send(b"connected")
                 pair.recv()
@@ -88,10 +89,10 @@ def _timed(step, times, pause=0.0):
 
 
 class _Peer:
-    """The other process, `serve(address, messages)`, for the length of a `with`."""
+    """The other process, `serve(*args)`, for the length of a `with`."""
 
-    def __init__(self, serve, address, messages):
-        self.process = multiprocessing.get_context("spawn").Process(target=serve, args=(address, messages), daemon=True)
+    def __init__(self, serve, *args):
+        self.process = multiprocessing.get_context("spawn").Process(target=serve, args=args, daemon=True)
 
     def __enter__(self):
         self.process.start()
@@ -103,15 +104,8 @@ class _Peer:
             self.process.kill()
 
 
-def _take(address, messages):
-    _zmq_peer(address, messages, echo=False)
-
-
-def _echo(address, messages):
-    _zmq_peer(address, messages, echo=True)
-
-
 def _zmq_peer(address, messages, echo):
+    """Take `messages` on a PULL, or with `echo` answer each on a PAIR."""
     import zmq
     context = zmq.Context()
     sock = context.socket(zmq.PAIR if echo else zmq.PULL)
