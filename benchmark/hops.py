@@ -135,6 +135,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=2000)
     args = parser.parse_args(argv)
+    if args.messages < 1:
+        parser.error("--messages must be at least 1")
     print(json.dumps(measure(args.messages)))
     return 0
 
