@@ -25,6 +25,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as FastTokenizer
 
 from .passes import Encoding
+from .plain_text import batch_encoder
 
 CHARS_PER_TOKEN = 8          # the first prefix tried: enough for almost any real text
 MAX_CHARS_PER_TOKEN = 1024   # the longest prefix: past it, a text is cut regardless
@@ -39,10 +40,12 @@ class Tokenizer:
         self._tokenizer = load_fast_tokenizer(model_dir)
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(truncate_at)
+        self._encode_texts = batch_encoder(self._tokenizer)
         self._whole = load_fast_tokenizer(model_dir)  # no truncation: to count a text's tokens
         self._whole.no_padding()
         self._whole.no_truncation()
-        self._pairs = None  # for (query, document) pairs: truncates the document alone, made on first use
+        self._encode_whole = batch_encoder(self._whole)
+        self._pairs = None  # encodes (query, document) pairs, truncating the document alone; made on first use
         self.truncate_at = truncate_at
         self.mask_special = mask_special      # leave [CLS] and [SEP] out of pooling
         self.include_prompt = include_prompt  # whether a prompt's tokens count in pooling
@@ -61,15 +64,20 @@ class Tokenizer:
         if prompt:
             texts = [prompt + text for text in texts]
         texts = [self._bounded(item, is_tokenized) for item in texts]
-        # the fast call tracks no offsets, and so gives no token strings: only when they are not asked for
-        encode = self._tokenizer.encode_batch if with_tokens else self._tokenizer.encode_batch_fast
-        encoded = encode(texts, is_pretokenized=is_tokenized)
+        encoded = self._encode(texts, is_tokenized, with_tokens)
         ids = [row.ids for row in encoded]
         skip = 0 if self.include_prompt or not prompt else self._prompt_length(prompt)
         pooled = [[int(i >= skip and not (self.mask_special and s)) for i, s in enumerate(row.special_tokens_mask)]
                   for row in encoded] if skip or self.mask_special else [[1] * len(row) for row in ids]
         tokens = [row.tokens for row in encoded] if with_tokens else None
         return Encoding(ids, pooled, tokens, self._truncated(texts, ids, is_tokenized))
+
+    def _encode(self, texts, is_tokenized, with_tokens):
+        if not is_tokenized:
+            return self._encode_texts(texts, with_tokens)
+        # the fast call tracks no offsets, and so gives no token strings: only when they are not asked for
+        encode = self._tokenizer.encode_batch if with_tokens else self._tokenizer.encode_batch_fast
+        return encode(texts, is_pretokenized=True)
 
     def windows(self, texts, prompt="", overlap=0):
         """(Encoding, windows per text) of texts embedded whole: a text that fits is tokenized as
@@ -117,7 +125,7 @@ class Tokenizer:
             start = end
         tokens = []
         for first in range(0, len(segments), SEGMENTS_AT_ONCE):
-            batch = self._whole.encode_batch_fast(segments[first:first + SEGMENTS_AT_ONCE], add_special_tokens=False)
+            batch = self._encode_whole(segments[first:first + SEGMENTS_AT_ONCE], add_special_tokens=False)
             tokens += [token for encoded in batch for token in encoded.ids]
         return tokens
 
@@ -134,14 +142,14 @@ class Tokenizer:
             pairs = load_fast_tokenizer(self.model_dir)
             pairs.no_padding()
             pairs.enable_truncation(self.truncate_at, strategy="only_second")
-            self._pairs = pairs
+            self._pairs = batch_encoder(pairs)
         room = self.truncate_at - self._tokenizer.num_special_tokens_to_add(True)
         query_tokens = self._count(self._bounded(query, False), False)  # a prefix of a huge one: enough to refuse
         if query_tokens >= room:
             raise ValueError(f"the query has {query_tokens} tokens, and a pair keeps {self.truncate_at} "
                              "(max_seq_len) with a document's: shorten the query")
         pairs = [(query, self._bounded(document, False)) for document in documents]
-        encoded = self._pairs.encode_batch_fast(pairs)
+        encoded = self._pairs(pairs)
         ids = [row.ids for row in encoded]
         cut = [i for i, row in enumerate(encoded) if row.overflowing]
         truncated = {i: len(self._whole.encode(*pairs[i]).ids) for i in cut}
@@ -161,7 +169,9 @@ class Tokenizer:
         return item
 
     def _count(self, item, is_tokenized):
-        return len(self._whole.encode(item, is_pretokenized=is_tokenized, add_special_tokens=False).ids)
+        if is_tokenized:
+            return len(self._whole.encode(item, is_pretokenized=True, add_special_tokens=False).ids)
+        return len(self._encode_whole([item], add_special_tokens=False)[0].ids)
 
     def _truncated(self, texts, ids, is_tokenized):
         """{index: tokens it had before truncation} for the texts that were cut (for a text cut to a
@@ -169,7 +179,8 @@ class Tokenizer:
         full = [i for i, row in enumerate(ids) if len(row) >= self.truncate_at]
         if not full:
             return {}
-        whole = self._whole.encode_batch_fast([texts[i] for i in full], is_pretokenized=is_tokenized)
+        cut = [texts[i] for i in full]
+        whole = self._whole.encode_batch_fast(cut, is_pretokenized=True) if is_tokenized else self._encode_whole(cut)
         lengths = [len(row.ids) for row in whole]
         return {i: length for i, length in zip(full, lengths) if length > self.truncate_at}
 
