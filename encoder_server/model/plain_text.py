@@ -36,8 +36,14 @@ class PlainTexts:
         self.tokenizer = tokenizer
         normalizer = tokenizer.normalizer
         self.clean, self.lowercase = normalizer.clean_text, normalizer.lowercase
-        self.bare = Tokenizer.from_str(tokenizer.to_str())
-        self.bare.normalizer = None
+        # the same model, pre-tokenizer and post-processor objects (the vocabulary is shared, not
+        # copied), without the normalizer and the added tokens, which no plain text holds
+        self.bare = Tokenizer(tokenizer.model)
+        self.bare.pre_tokenizer, self.bare.post_processor = tokenizer.pre_tokenizer, tokenizer.post_processor
+        if tokenizer.truncation:
+            self.bare.enable_truncation(**tokenizer.truncation)
+        if tokenizer.padding:
+            self.bare.enable_padding(**tokenizer.padding)
         added = sorted({token.content.lower() for token in tokenizer.get_added_tokens_decoder().values()
                         if token.content})
         self.added = re.compile("|".join(map(re.escape, added))) if added else None

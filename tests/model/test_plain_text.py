@@ -107,3 +107,11 @@ def test_the_servers_tokenizer_gives_the_same_encoding_as_without_it(tiny_model)
                          for tokenizer in (fast, usual))
             assert (got.ids, got.pooled, got.tokens, got.truncated) == \
                    (want.ids, want.pooled, want.tokens, want.truncated)
+
+
+def test_the_tokenizers_padding_is_kept(tiny_model):
+    padded = FastTokenizer.from_file(str(tiny_model / "tokenizer.json"))
+    padded.enable_padding(length=40, pad_id=0, pad_token="[PAD]")
+    padded.enable_truncation(32)
+    expected, got = padded.encode_batch_fast(TEXTS), PlainTexts(padded).encode(TEXTS)
+    assert [(row.ids, row.attention_mask) for row in got] == [(row.ids, row.attention_mask) for row in expected]
