@@ -5,10 +5,11 @@ line breaks into spaces, spaces out CJK characters, strips accents and, for an u
 lowercases. On a text of printable ASCII, tabs and line breaks, all that amounts to replacing three
 characters and `str.lower`, yet it costs nearly as much as the rest of tokenizing (it tracks each
 character's alignment): about 20 of 50 µs for a short text on a 2-core AMD EPYC. So PlainTexts does
-it in Python and encodes such texts with a copy of the tokenizer that has no normalizer; every other
-text goes the usual way. So does a text holding one of the tokenizer's added tokens ([CLS],
-[MASK]...) in any case, before or after normalizing: those are matched in the text as it comes, or
-as normalized, so lowercasing first could change what they match.
+it in Python and encodes such texts with a second tokenizer made of the first one's model,
+pre-tokenizer and post-processor, without its normalizer; every other text goes the usual way. So
+does a text holding one of the tokenizer's added tokens ([CLS], [MASK]...) in any case, before or
+after normalizing: those are matched in the text as it comes, or as normalized, so lowercasing
+first could change what they match.
 """
 import re
 from functools import partial
@@ -65,7 +66,7 @@ class PlainTexts:
 
     def encode(self, items, with_tokens=False, add_special_tokens=True):
         """The tokenizer's encodings of `items` (texts, or pairs of texts), the plain ones through the
-        bare copy."""
+        bare tokenizer."""
         normalized = list(map(self._normalized_item, items))
         plain = [index for index, item in enumerate(normalized) if item is not None]
         if len(plain) == len(items):
