@@ -21,10 +21,10 @@ PLAIN = re.compile(r"[\t\n\r\x20-\x7e]*")  # printable ASCII, tabs and line brea
 
 
 def batch_encoder(tokenizer):
-    """`encode(items, with_tokens=False, add_special_tokens=True)`: `tokenizer`'s encodings of a list
-    of texts, or of pairs of texts, through PlainTexts where its normalizer is a BertNormalizer.
-    `with_tokens`: encodings that carry token strings (the fast call tracks no offsets, and so gives
-    none)."""
+    """`encode(items, with_tokens=False, add_special_tokens=True, is_pretokenized=False)`: `tokenizer`'s
+    encodings of a list of texts, of pairs of texts or of word lists, through PlainTexts where its
+    normalizer is a BertNormalizer. `with_tokens`: encodings that carry token strings (the fast call
+    tracks no offsets, and so gives none)."""
     if isinstance(tokenizer.normalizer, BertNormalizer):
         return PlainTexts(tokenizer).encode
     return partial(_encode_batch, tokenizer)
@@ -64,9 +64,11 @@ class PlainTexts:
             return spaced
         return text if printable or not self.clean else _spaced(text)
 
-    def encode(self, items, with_tokens=False, add_special_tokens=True):
+    def encode(self, items, with_tokens=False, add_special_tokens=True, is_pretokenized=False):
         """The tokenizer's encodings of `items` (texts, or pairs of texts), the plain ones through the
-        bare tokenizer."""
+        bare tokenizer; word lists (`is_pretokenized`) all take the usual way."""
+        if is_pretokenized:
+            return _encode_batch(self.tokenizer, items, with_tokens, add_special_tokens, is_pretokenized)
         normalized = list(map(self._normalized_item, items))
         plain = [index for index, item in enumerate(normalized) if item is not None]
         if len(plain) == len(items):
@@ -88,9 +90,9 @@ class PlainTexts:
         return None if None in pair else pair
 
 
-def _encode_batch(tokenizer, items, with_tokens=False, add_special_tokens=True):
+def _encode_batch(tokenizer, items, with_tokens=False, add_special_tokens=True, is_pretokenized=False):
     encode = tokenizer.encode_batch if with_tokens else tokenizer.encode_batch_fast
-    return encode(items, add_special_tokens=add_special_tokens)
+    return encode(items, add_special_tokens=add_special_tokens, is_pretokenized=is_pretokenized)
 
 
 def _spaced(text):

@@ -40,7 +40,7 @@ class Tokenizer:
         self._tokenizer = load_fast_tokenizer(model_dir)
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(truncate_at)
-        self._encode_texts = batch_encoder(self._tokenizer)
+        self._encode = batch_encoder(self._tokenizer)
         self._whole = load_fast_tokenizer(model_dir)  # no truncation: to count a text's tokens
         self._whole.no_padding()
         self._whole.no_truncation()
@@ -64,20 +64,13 @@ class Tokenizer:
         if prompt:
             texts = [prompt + text for text in texts]
         texts = [self._bounded(item, is_tokenized) for item in texts]
-        encoded = self._encode(texts, is_tokenized, with_tokens)
+        encoded = self._encode(texts, with_tokens, is_pretokenized=is_tokenized)
         ids = [row.ids for row in encoded]
         skip = 0 if self.include_prompt or not prompt else self._prompt_length(prompt)
         pooled = [[int(i >= skip and not (self.mask_special and s)) for i, s in enumerate(row.special_tokens_mask)]
                   for row in encoded] if skip or self.mask_special else [[1] * len(row) for row in ids]
         tokens = [row.tokens for row in encoded] if with_tokens else None
         return Encoding(ids, pooled, tokens, self._truncated(texts, ids, is_tokenized))
-
-    def _encode(self, texts, is_tokenized, with_tokens):
-        if not is_tokenized:
-            return self._encode_texts(texts, with_tokens)
-        # the fast call tracks no offsets, and so gives no token strings: only when they are not asked for
-        encode = self._tokenizer.encode_batch if with_tokens else self._tokenizer.encode_batch_fast
-        return encode(texts, is_pretokenized=True)
 
     def windows(self, texts, prompt="", overlap=0):
         """(Encoding, windows per text) of texts embedded whole: a text that fits is tokenized as
@@ -169,9 +162,7 @@ class Tokenizer:
         return item
 
     def _count(self, item, is_tokenized):
-        if is_tokenized:
-            return len(self._whole.encode(item, is_pretokenized=True, add_special_tokens=False).ids)
-        return len(self._encode_whole([item], add_special_tokens=False)[0].ids)
+        return len(self._encode_whole([item], add_special_tokens=False, is_pretokenized=is_tokenized)[0].ids)
 
     def _truncated(self, texts, ids, is_tokenized):
         """{index: tokens it had before truncation} for the texts that were cut (for a text cut to a
@@ -179,8 +170,7 @@ class Tokenizer:
         full = [i for i, row in enumerate(ids) if len(row) >= self.truncate_at]
         if not full:
             return {}
-        cut = [texts[i] for i in full]
-        whole = self._whole.encode_batch_fast(cut, is_pretokenized=True) if is_tokenized else self._encode_whole(cut)
+        whole = self._encode_whole([texts[i] for i in full], is_pretokenized=is_tokenized)
         lengths = [len(row.ids) for row in whole]
         return {i: length for i, length in zip(full, lengths) if length > self.truncate_at}
 

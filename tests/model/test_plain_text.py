@@ -2,6 +2,8 @@
 ids, tokens and truncation the whole tokenizer gives them, on the bundled model's tokenizer and on
 cased and uncased BERT vocabularies; texts it would change otherwise, and those naming an added
 token, take the usual way."""
+from functools import partial
+
 import numpy as np
 import pytest
 from tokenizers import Tokenizer as FastTokenizer
@@ -11,7 +13,7 @@ from transformers import BertTokenizerFast
 from benchmark import corpus
 from conftest import random_texts
 from encoder_server.model.model_folder import default_model_path
-from encoder_server.model.plain_text import PlainTexts, batch_encoder
+from encoder_server.model.plain_text import PlainTexts, _encode_batch, batch_encoder
 from encoder_server.model.tokenizer import Tokenizer
 
 ODD = [
@@ -100,7 +102,7 @@ def test_any_other_normalizer_is_left_to_the_tokenizer(tokenizer):
 
 def test_the_servers_tokenizer_gives_the_same_encoding_as_without_it(tiny_model):
     fast, usual = Tokenizer(tiny_model, 16), Tokenizer(tiny_model, 16)
-    usual._encode_texts = lambda texts, with_tokens: usual._tokenizer.encode_batch(texts)
+    usual._encode = partial(_encode_batch, usual._tokenizer)
     for prompt in ("", "query: "):
         for with_tokens in (False, True):
             got, want = (tokenizer.tokenize(TEXTS, prompt=prompt, with_tokens=with_tokens)
