@@ -26,6 +26,7 @@ from tokenizers import Tokenizer as FastTokenizer
 
 from .passes import Encoding
 from .plain_text import batch_encoder
+from .word_pieces import Vocabulary, special_frame
 
 CHARS_PER_TOKEN = 8          # the first prefix tried: enough for almost any real text
 MAX_CHARS_PER_TOKEN = 1024   # the longest prefix: past it, a text is cut regardless
@@ -40,11 +41,12 @@ class Tokenizer:
         self._tokenizer = load_fast_tokenizer(model_dir)
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(truncate_at)
-        self._encode = batch_encoder(self._tokenizer)
+        self._vocabulary = Vocabulary.of(self._tokenizer)  # WordPiece's tables, shared by the encoders below
+        self._encode = batch_encoder(self._tokenizer, self._vocabulary)
         self._whole = load_fast_tokenizer(model_dir)  # no truncation: to count a text's tokens
         self._whole.no_padding()
         self._whole.no_truncation()
-        self._encode_whole = batch_encoder(self._whole)
+        self._encode_whole = batch_encoder(self._whole, self._vocabulary)
         self._pairs = None  # encodes (query, document) pairs, truncating the document alone; made on first use
         self.truncate_at = truncate_at
         self.mask_special = mask_special      # leave [CLS] and [SEP] out of pooling
@@ -135,7 +137,7 @@ class Tokenizer:
             pairs = load_fast_tokenizer(self.model_dir)
             pairs.no_padding()
             pairs.enable_truncation(self.truncate_at, strategy="only_second")
-            self._pairs = batch_encoder(pairs)
+            self._pairs = batch_encoder(pairs, self._vocabulary)
         room = self.truncate_at - self._tokenizer.num_special_tokens_to_add(True)
         query_tokens = self._count(self._bounded(query, False), False)  # a prefix of a huge one: enough to refuse
         if query_tokens >= room:
@@ -183,14 +185,6 @@ class Tokenizer:
             ids = self._tokenizer.encode(prompt).ids
             length = self._prompt_lengths[prompt] = len(ids) - (bool(ids) and ids[-1] in self.special_ids)
         return length
-
-
-def special_frame(tokenizer):
-    """The special tokens that a tokenizer puts before and after a text's own."""
-    empty, one = tokenizer.encode(""), tokenizer.encode("a").special_tokens_mask
-    specials = [i for i, special in zip(empty.ids, empty.special_tokens_mask) if special]
-    split = next((n for n, special in enumerate(one) if not special), len(specials))
-    return specials[:split], specials[split:]
 
 
 def window_starts(length, room, overlap):

@@ -2,7 +2,8 @@
 
 Threads: `intake` alone uses the `jobs` socket (DEALER to the ventilator): it receives jobs,
 stamps their arrival, sends heartbeats and reports the jobs it dropped or refused. The `prefetch`
-threads (--tokenizer-threads; the tokenizer releases the GIL, so they tokenize on as many cores)
+threads (--tokenizer-threads; `tokenizers` releases the GIL, so they tokenize on as many cores,
+except plain texts of a WordPiece model, which model/word_pieces.py tokenizes faster in Python)
 tokenize received jobs (the Embedder's first stage) ahead of the lanes, drop those whose budget
 ran out before one reached them and refuse those with a text too long for a request that forbids
 truncation. A small request's job (at most priority_batch_size texts, well under a millisecond
