@@ -18,7 +18,7 @@ from functools import partial
 from tokenizers import Tokenizer
 from tokenizers.normalizers import BertNormalizer
 
-from .word_pieces import Vocabulary, WordPieces, special_frame
+from .word_pieces import WordPieces, special_frame
 
 PLAIN = re.compile(r"[\t\n\r\x20-\x7e]*")  # printable ASCII, tabs and line breaks
 
@@ -27,16 +27,18 @@ def batch_encoder(tokenizer, vocabulary=None):
     """`encode(items, with_tokens=False, add_special_tokens=True, is_pretokenized=False)`: `tokenizer`'s
     encodings of a list of texts, of pairs of texts or of word lists, through PlainTexts where its
     normalizer is a BertNormalizer. `with_tokens`: encodings that carry token strings (the fast call
-    tracks no offsets, and so gives none). A text's encoding may be word_pieces.Pieces, which has
-    the ids, special_tokens_mask and tokens of a tokenizers Encoding, and nothing else.
-    `vocabulary`: the model's word_pieces.Vocabulary, where the caller shares one between tokenizers."""
+    tracks no offsets, and so gives none). `vocabulary`: the model's word_pieces.Vocabulary, for
+    plain texts' ids from Python (their encodings are then word_pieces.Pieces, which have the ids,
+    special_tokens_mask and tokens of a tokenizers Encoding, and nothing else); None: from the bare
+    tokenizer."""
     if isinstance(tokenizer.normalizer, BertNormalizer):
         return PlainTexts(tokenizer, vocabulary).encode
     return partial(_encode_batch, tokenizer)
 
 
 class PlainTexts:
-    """A configured tokenizer (its truncation and padding are kept) with the fast path for plain texts."""
+    """A configured tokenizer (its truncation and padding are kept) with the fast path for plain texts;
+    with a word_pieces.Vocabulary, plain texts' ids come from WordPieces where it serves."""
 
     def __init__(self, tokenizer, vocabulary=None):
         self.tokenizer = tokenizer
@@ -50,7 +52,7 @@ class PlainTexts:
             self.bare.enable_truncation(**tokenizer.truncation)
         if tokenizer.padding:
             self.bare.enable_padding(**tokenizer.padding)
-        self.words = WordPieces.of(self.bare, vocabulary or Vocabulary.of(tokenizer), special_frame(self.bare))
+        self.words = WordPieces.of(self.bare, vocabulary, special_frame(self.bare))
         added = sorted({token.content.lower() for token in tokenizer.get_added_tokens_decoder().values()
                         if token.content})
         self.added = re.compile("|".join(map(re.escape, added))) if added else None

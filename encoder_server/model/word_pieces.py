@@ -100,7 +100,8 @@ class WordPieces:
     @classmethod
     def of(cls, tokenizer, vocabulary, frame):
         """Those of `tokenizer` (its truncation kept), given its Vocabulary and the special tokens it
-        puts around a text (special_frame); None where they would differ from its own."""
+        puts around a text (special_frame); None without a Vocabulary, and where they would differ
+        from its own."""
         truncation = tokenizer.truncation
         if vocabulary is None or tokenizer.padding or (truncation and truncation["direction"] != "right"):
             return None

@@ -1,9 +1,10 @@
 """The ventilator's windowing: requests whose long texts are embedded whole are tokenized and cut
 into windows (model.tokenizer.Tokenizer.windows) on a thread of its own, so that the ventilator's
 loop goes on meanwhile (a 50,000-token text takes about 0.2 s to tokenize; the tokenizer's batch
-calls let other threads run). A finished request wakes the loop through a socket pair that the
-loop polls. What waits here is bounded in characters: past MAX_WAITING_CHARS a request is refused
-as busy, and a single request above it as too large.
+calls let other threads run, so this tokenizer leaves out word_pieces.py, whose Python holds the
+GIL). A finished request wakes the loop through a socket pair that the loop polls. What waits here
+is bounded in characters: past MAX_WAITING_CHARS a request is refused as busy, and a single
+request above it as too large.
 """
 import socket
 import time
@@ -57,7 +58,8 @@ class Windowing:
             # imported on first use: a server that is never asked to embed long texts whole keeps the
             # tokenizers library out of its ventilator (and of the supervisor, which imports this module)
             from ..model.tokenizer import Tokenizer
-            self._tokenizers[model] = Tokenizer.for_spec(self.models[model])
+            # tokenizers, which lets the ventilator's loop run while it encodes; Python would hold the GIL
+            self._tokenizers[model] = Tokenizer.for_spec(self.models[model], python_pieces=False)
         return self._tokenizers[model]
 
     def finished(self):

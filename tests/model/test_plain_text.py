@@ -16,6 +16,7 @@ from conftest import random_texts
 from encoder_server.model.model_folder import default_model_path
 from encoder_server.model.plain_text import PlainTexts, _encode_batch, batch_encoder
 from encoder_server.model.tokenizer import Tokenizer
+from encoder_server.model.word_pieces import Vocabulary
 
 ODD = [
     "", " ", "\t", "\n\n", "a\tb\nc\rd", "  leading and trailing  ", "UPPER lower MiXeD", "don't stop-me now!",
@@ -60,8 +61,11 @@ def tokenizer(request, tiny_model, tmp_path_factory):
     return tokenizer
 
 
-def test_every_text_gets_what_the_whole_tokenizer_gives_it(tokenizer):
-    plain = PlainTexts(tokenizer)
+@pytest.mark.parametrize("python_pieces", [False, True])
+def test_every_text_gets_what_the_whole_tokenizer_gives_it(tokenizer, python_pieces):
+    plain = PlainTexts(tokenizer, Vocabulary.of(tokenizer) if python_pieces else None)
+    assert (plain.words is not None) == (python_pieces and isinstance(tokenizer.pre_tokenizer,
+                                                                        pre_tokenizers.BertPreTokenizer))
     for with_tokens in (False, True):
         method = "encode_batch" if with_tokens else "encode_batch_fast"
         expected, got = getattr(tokenizer, method)(TEXTS), plain.encode(TEXTS, with_tokens)
@@ -75,13 +79,14 @@ def test_every_pair_gets_what_the_whole_tokenizer_gives_it(tokenizer):
     pairs = FastTokenizer.from_str(tokenizer.to_str())
     pairs.enable_truncation(32, strategy="only_second")  # a reranker's: the document is cut, not the query
     items = [(query, document) for query in ["Who Sat?", "[MASK] it", "café"] for document in TEXTS[::7]]
-    for want, have, item in zip(pairs.encode_batch_fast(items), PlainTexts(pairs).encode(items), items):
+    plain = PlainTexts(pairs, Vocabulary.of(pairs))  # pairs take the bare tokenizer, whatever the vocabulary
+    for want, have, item in zip(pairs.encode_batch_fast(items), plain.encode(items), items):
         assert (have.ids, have.type_ids, len(have.overflowing)) == (want.ids, want.type_ids, len(want.overflowing)), \
             repr(item)
 
 
 def test_the_fast_path_takes_plain_texts_and_leaves_the_rest(tokenizer):
-    plain = PlainTexts(tokenizer)
+    plain = PlainTexts(tokenizer, Vocabulary.of(tokenizer))
     lowercase = tokenizer.normalizer.lowercase
     assert plain.normalized("The Cat\tsat\non\rthe mat.") == ("the cat sat on the mat." if lowercase
                                                                else "The Cat sat on the mat.")
@@ -100,8 +105,10 @@ def test_any_other_normalizer_is_left_to_the_tokenizer(tokenizer):
     assert [row.ids for row in batch_encoder(other)(TEXTS)] == [row.ids for row in other.encode_batch_fast(TEXTS)]
 
 
-def test_the_servers_tokenizer_gives_the_same_encoding_as_without_it(tiny_model):
-    fast, usual = Tokenizer(tiny_model, 16), Tokenizer(tiny_model, 16)
+@pytest.mark.parametrize("python_pieces", [False, True])
+def test_the_servers_tokenizer_gives_the_same_encoding_as_without_it(tiny_model, python_pieces):
+    fast, usual = Tokenizer(tiny_model, 16, python_pieces=python_pieces), Tokenizer(tiny_model, 16)
+    assert fast.python_pieces is python_pieces
     usual._encode = partial(_encode_batch, usual._tokenizer)
     for prompt in ("", "query: "):
         for with_tokens in (False, True):
@@ -115,5 +122,5 @@ def test_the_tokenizers_padding_is_kept(tiny_model):
     padded = FastTokenizer.from_file(str(tiny_model / "tokenizer.json"))
     padded.enable_padding(length=40, pad_id=0, pad_token="[PAD]")
     padded.enable_truncation(32)
-    expected, got = padded.encode_batch_fast(TEXTS), PlainTexts(padded).encode(TEXTS)
+    expected, got = padded.encode_batch_fast(TEXTS), PlainTexts(padded, Vocabulary.of(padded)).encode(TEXTS)
     assert [(row.ids, row.attention_mask) for row in got] == [(row.ids, row.attention_mask) for row in expected]

@@ -61,7 +61,7 @@ def test_real_vocabularies_give_what_tokenizers_gives(truncate, tiny_model, tmp_
             whole.enable_truncation(truncate)
         else:
             whole.no_truncation()
-        plain = PlainTexts(whole)
+        plain = PlainTexts(whole, Vocabulary.of(whole))
         assert plain.words is not None, folder
         assert_same(plain.bare, [plain.normalized(text) for text in texts if plain.normalized(text) is not None])
 
@@ -69,14 +69,14 @@ def test_real_vocabularies_give_what_tokenizers_gives(truncate, tiny_model, tmp_
 def test_it_steps_aside_where_it_could_differ(tiny_model):
     whole = FastTokenizer.from_file(str(tiny_model / "tokenizer.json"))
     whole.no_padding()
-    assert PlainTexts(whole).words is not None
+    assert PlainTexts(whole, Vocabulary.of(whole)).words is not None
     for change in (lambda t: t.enable_padding(length=40), lambda t: t.enable_truncation(16, direction="left"),
                    lambda t: t.enable_truncation(16, strategy="only_second"),
                    lambda t: setattr(t, "pre_tokenizer", pre_tokenizers.WhitespaceSplit()),
                    lambda t: setattr(t, "model", models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))):
         other = FastTokenizer.from_str(whole.to_str())
         change(other)
-        assert PlainTexts(other).words is None
+        assert PlainTexts(other, Vocabulary.of(other)).words is None
 
 
 def test_a_post_processor_it_does_not_frame_like_tokenizers_is_found_by_the_probe():

@@ -68,3 +68,11 @@ def test_what_waits_is_bounded(models, monkeypatch):
         wait(cutter)
     finally:
         cutter.close()
+
+
+def test_its_tokenizer_leaves_the_gil_to_the_ventilators_loop(models):
+    """The Python WordPiece (model/word_pieces.py) holds the GIL for a whole call, which here would
+    stall the ventilator's loop; tokenizers releases it while it encodes. A worker's keeps it."""
+    from encoder_server.model.tokenizer import Tokenizer
+    assert windowing.Windowing(models)._tokenizer(0).python_pieces is False
+    assert Tokenizer.for_spec(models[0]).python_pieces is True
