@@ -1,6 +1,7 @@
 """encoder_server.model.word_pieces: BERT's WordPiece in Python gives normalized plain texts the ids,
 special tokens, tokens and truncation that tokenizers gives them, and steps aside wherever it could
 differ (another model or pre-tokenizer, padding, truncation from the left or of the second text)."""
+import numpy as np
 import pytest
 from tokenizers import Tokenizer as FastTokenizer
 from tokenizers import models, pre_tokenizers, processors
@@ -92,3 +93,17 @@ def test_the_words_it_cuts_are_kept_within_bounds():
     for word in words:
         vocabulary.ids(word)
     assert vocabulary._split.cache_info().currsize == SPLITS_KEPT
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_vocabularies_and_texts(seed):
+    """Small random vocabularies, so that most words are cut into pieces or come out [UNK], over
+    random texts of their letters, digits, punctuation and spaces, some words longer than the limit."""
+    rng = np.random.default_rng(seed)
+    alphabet = list("abcde0123-.!' ")
+    pieces = {"".join(rng.choice(alphabet[:-1], size=rng.integers(1, 5))) for _ in range(60)}
+    continued = sorted(f"##{piece}" for piece in pieces if rng.random() < 0.6)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *sorted(pieces), *continued]
+    texts = ["".join(rng.choice(alphabet, size=rng.integers(0, 60))) for _ in range(400)]
+    for truncate in (None, 7):
+        assert_same(bare(vocab, max_chars=int(rng.integers(3, 12)), truncate=truncate), texts)
