@@ -201,9 +201,9 @@ def default_tokenizer_threads(settings, cpus):
     A GPU runs short texts faster than one thread tokenizes them (an H200 with CUDA graphs, 79,673
     texts/s in fp16; one thread tokenizes about 50,000), so a CUDA worker tokenizes on half its share
     of the host's cores; the other half runs its own Python (intake, planning, its lanes), the
-    ventilator and the sink. (Those figures are `tokenizers`'; plain texts of a WordPiece model are
-    tokenized in Python since, about 3x as fast on one thread, holding the GIL: more threads then
-    help the other texts alone.)"""
+    ventilator and the sink. (Those figures are `tokenizers`', which such a worker keeps; a worker
+    with one tokenizing thread takes plain texts of a WordPiece model through Python's faster path,
+    which holds the GIL, see model/word_pieces.py.)"""
     return max(1, cpus // (2 * settings.num_worker)) if settings.device == "cuda" else 1
 
 

@@ -17,13 +17,14 @@ from .tokenizer import Tokenizer
 
 
 class Embedder:
-    def __init__(self, spec, lone_threads=0):
+    def __init__(self, spec, lone_threads=0, python_pieces=True):
         """From a resolved spec (model.spec) whose model files are ready; model.load does both.
         `lone_threads` above the spec's threads per worker gives the onnx backend on cpu a
         second session with that many threads, for passes that `run` is told are alone on the
-        host: a lone request then has every core (it costs the packed weights once more)."""
+        host: a lone request then has every core (it costs the packed weights once more).
+        `python_pieces`: the tokenizer's (see tokenizer.Tokenizer)."""
         self.spec = spec
-        self.tokenizer = Tokenizer.for_spec(spec)
+        self.tokenizer = Tokenizer.for_spec(spec, python_pieces)
         self.backend, self.lone_backend = load_backends(spec, lone_threads)
 
     @property

@@ -14,17 +14,17 @@ def load(model=None, **choices):
     return open_model(prepare_model(resolve_spec(ModelSpec(model=model, **choices))))
 
 
-def open_model(spec, lone_threads=0):
+def open_model(spec, lone_threads=0, python_pieces=True):
     """The Embedder of a prepared spec, or for a spec of kind rerank its Reranker, of kind sparse its
-    SparseEmbedder."""
+    SparseEmbedder (`lone_threads` and `python_pieces` as they take them)."""
     if spec.kind == RERANK:
         from .reranker import Reranker
-        return Reranker(spec, lone_threads)
+        return Reranker(spec, lone_threads, python_pieces)
     if spec.kind == SPARSE:
         from .sparse_encoder import SparseEmbedder
-        return SparseEmbedder(spec, lone_threads)
+        return SparseEmbedder(spec, lone_threads, python_pieces)
     from .embedder import Embedder
-    return Embedder(spec, lone_threads)
+    return Embedder(spec, lone_threads, python_pieces)
 
 
 def prepare_model(spec):

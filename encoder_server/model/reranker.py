@@ -24,11 +24,11 @@ def rerank_scores(raw, activation):
 
 
 class Reranker:
-    def __init__(self, spec, lone_threads=0):
-        """From a resolved spec of kind rerank whose model files are ready (`lone_threads` as the
-        Embedder takes it)."""
+    def __init__(self, spec, lone_threads=0, python_pieces=True):
+        """From a resolved spec of kind rerank whose model files are ready (`lone_threads` and
+        `python_pieces` as the Embedder takes them)."""
         self.spec = spec
-        self.tokenizer = Tokenizer.for_spec(spec)
+        self.tokenizer = Tokenizer.for_spec(spec, python_pieces)
         self.backend, self.lone_backend = load_backends(spec, lone_threads)
 
     @property

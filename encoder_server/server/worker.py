@@ -2,8 +2,9 @@
 
 Threads: `intake` alone uses the `jobs` socket (DEALER to the ventilator): it receives jobs,
 stamps their arrival, sends heartbeats and reports the jobs it dropped or refused. The `prefetch`
-threads (--tokenizer-threads; `tokenizers` releases the GIL, so they tokenize on as many cores,
-except plain texts of a WordPiece model, which model/word_pieces.py tokenizes faster in Python)
+threads (--tokenizer-threads; `tokenizers` releases the GIL, so they tokenize on as many cores;
+a worker's one thread takes plain texts of a WordPiece model through model/word_pieces.py instead,
+three times as fast in Python)
 tokenize received jobs (the Embedder's first stage) ahead of the lanes, drop those whose budget
 ran out before one reached them and refuse those with a text too long for a request that forbids
 truncation. A small request's job (at most priority_batch_size texts, well under a millisecond
@@ -62,7 +63,9 @@ class Worker:
         self.remote = remote
         self.metrics = Metrics()
         self.model_name = settings.name
-        self.model = open_model(settings, lone_threads)  # an Embedder, a Reranker or a SparseEmbedder
+        # an Embedder, a Reranker or a SparseEmbedder; several tokenizing threads run at once only
+        # through tokenizers, which releases the GIL: Python's WordPiece is for a worker's one thread
+        self.model = open_model(settings, lone_threads, python_pieces=settings.tokenizer_threads == 1)
         self.kind = settings.kind
         self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.model.tokenizer.pad_id,
                                     pass_cost_tokens(settings.device))

@@ -72,6 +72,7 @@ def held(tiny_model):
 
 def test_a_small_request_runs_on_the_express_lane_while_every_lane_is_on_a_bulk_pass(held):
     assert held.worker.lanes == 1
+    assert held.worker.model.tokenizer.python_pieces  # one tokenizing thread: Python's WordPiece
     held.take(1, [f"bulk text number {i}" for i in range(8)], priority=False)
     wait_for(lambda: held.ran == ["lane-0"], timeout=10)
     held.take(2, ["a small request"], priority=True)
@@ -121,6 +122,7 @@ def test_jobs_are_tokenized_on_as_many_threads_as_asked(tiny_model):
         while len(finished) < 3 and sink.poll(20000):
             finished.update((part.job_id, part.array) for part in messages.decode(sink.recv_multipart()).parts)
         assert sorted(tokenizing) == ["prefetch-0", "prefetch-1", "prefetch-2"]
+        assert worker.model.tokenizer.python_pieces is False  # they need tokenizers, which lets go of the GIL
         assert sorted(finished) == [1, 2, 3] and not worker.failed
     finally:
         stop.set()
