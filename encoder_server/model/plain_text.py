@@ -9,8 +9,8 @@ it in Python and encodes such texts with a second tokenizer made of the first on
 pre-tokenizer and post-processor, without its normalizer; every other text goes the usual way. So
 does a text holding one of the tokenizer's added tokens ([CLS], [MASK]...) in any case, before or
 after normalizing: those are matched in the text as it comes, or as normalized, so lowercasing
-first could change what they match. Where the tokenizer is BERT's WordPiece, plain texts (not
-pairs) skip the second tokenizer too: word_pieces.py gives their ids in Python, three times sooner.
+first could change what they match. Given a WordPiece model's Vocabulary (word_pieces.py), plain
+texts (not pairs) skip the second tokenizer too: their ids come from Python, three times sooner.
 """
 import re
 from functools import partial
