@@ -18,7 +18,7 @@ from functools import partial
 from tokenizers import Tokenizer
 from tokenizers.normalizers import BertNormalizer
 
-from .word_pieces import WordPieces, special_frame
+from .word_pieces import WordPieces
 
 PLAIN = re.compile(r"[\t\n\r\x20-\x7e]*")  # printable ASCII, tabs and line breaks
 
@@ -52,7 +52,7 @@ class PlainTexts:
             self.bare.enable_truncation(**tokenizer.truncation)
         if tokenizer.padding:
             self.bare.enable_padding(**tokenizer.padding)
-        self.words = WordPieces.of(self.bare, vocabulary, special_frame(self.bare))
+        self.words = WordPieces.of(self.bare, vocabulary)
         added = sorted({token.content.lower() for token in tokenizer.get_added_tokens_decoder().values()
                         if token.content})
         self.added = re.compile("|".join(map(re.escape, added))) if added else None

@@ -38,7 +38,8 @@ SEGMENTS_AT_ONCE = 16        # and this many segments per call (about 100 bytes 
 class Tokenizer:
     """`python_pieces`: plain texts of a WordPiece model get their ids from Python (word_pieces.py),
     three times as fast as through `tokenizers` but holding the GIL, which `tokenizers` releases;
-    False where other threads of the process must go on meanwhile (the ventilator's windowing)."""
+    False where other threads of the process must go on meanwhile (the ventilator's windowing) or
+    tokenize at once (a worker's several tokenizing threads)."""
 
     def __init__(self, model_dir, truncate_at, mask_special=False, include_prompt=True, python_pieces=True):
         self.model_dir = model_dir
@@ -47,7 +48,6 @@ class Tokenizer:
         self._tokenizer.enable_truncation(truncate_at)
         # WordPiece's tables, shared by the encoders below
         self._vocabulary = Vocabulary.of(self._tokenizer) if python_pieces else None
-        self.python_pieces = self._vocabulary is not None
         self._encode = batch_encoder(self._tokenizer, self._vocabulary)
         self._whole = load_fast_tokenizer(model_dir)  # no truncation: to count a text's tokens
         self._whole.no_padding()
@@ -61,6 +61,11 @@ class Tokenizer:
         self.special_ids = {i for i, token in self._tokenizer.get_added_tokens_decoder().items() if token.special}
         self._prompt_lengths = {}
         self.frame = special_frame(self._whole)  # ([CLS], [SEP]) for BERT
+
+    @property
+    def python_pieces(self):
+        """Whether plain texts get their ids from Python (a WordPiece model, and python_pieces asked)."""
+        return self._vocabulary is not None
 
     @classmethod
     def for_spec(cls, spec, python_pieces=True):

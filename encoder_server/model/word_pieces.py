@@ -9,7 +9,7 @@ tokenizers builds a full encoding per text (token strings, offsets, word indices
 takes 10 instead of 31 µs a short text on a 2-core AMD EPYC, words outside the vocabulary being
 cut once and kept (20 µs when none recurs).
 
-WordPieces.of(tokenizer) is None unless the tokenizer is exactly that (a WordPiece model behind a
+WordPieces.of(tokenizer, vocabulary) is None unless the tokenizer is exactly that (a WordPiece model behind a
 BertPreTokenizer, no padding) and a probe of texts gets its own ids, special tokens and truncation.
 """
 import re
@@ -98,22 +98,24 @@ class WordPieces:
         self.vocabulary, self.head, self.tail, self.max_length = vocabulary, head, tail, max_length
 
     @classmethod
-    def of(cls, tokenizer, vocabulary, frame):
-        """Those of `tokenizer` (its truncation kept), given its Vocabulary and the special tokens it
-        puts around a text (special_frame); None without a Vocabulary, and where they would differ
-        from its own."""
+    def of(cls, tokenizer, vocabulary):
+        """Those of `tokenizer` (its truncation kept), given its Vocabulary; None without one, and
+        where they would differ from its own."""
         truncation = tokenizer.truncation
         if vocabulary is None or tokenizer.padding or (truncation and truncation["direction"] != "right"):
             return None
-        words = cls(vocabulary, *frame, truncation["max_length"] if truncation else None)
+        words = cls(vocabulary, *special_frame(tokenizer), truncation["max_length"] if truncation else None)
+        return words if words.agrees_with(tokenizer) else None
+
+    def agrees_with(self, tokenizer):
+        """Whether a probe of texts gets `tokenizer`'s own ids and special tokens, with and without them."""
         try:
-            same = all((want.ids, want.special_tokens_mask) == (have.ids, have.special_tokens_mask)
+            return all((want.ids, want.special_tokens_mask) == (have.ids, have.special_tokens_mask)
                        for special in (True, False)
                        for want, have in zip(tokenizer.encode_batch_fast(PROBES, add_special_tokens=special),
-                                             words.encode(PROBES, special)))
+                                             self.encode(PROBES, special)))
         except Exception:  # a truncation the tokenizer refuses for single texts (only_second)
-            return None
-        return words if same else None
+            return False
 
     def encode(self, texts, add_special_tokens=True):
         head, tail = (self.head, self.tail) if add_special_tokens else ([], [])

@@ -30,7 +30,7 @@ def bare(vocab=VOCAB, max_chars=100, truncate=None):
 
 
 def word_pieces(tokenizer):
-    return WordPieces.of(tokenizer, Vocabulary.of(tokenizer), special_frame(tokenizer))
+    return WordPieces.of(tokenizer, Vocabulary.of(tokenizer))
 
 
 def assert_same(tokenizer, texts):
@@ -83,8 +83,8 @@ def test_it_steps_aside_where_it_could_differ(tiny_model):
 def test_a_post_processor_it_does_not_frame_like_tokenizers_is_found_by_the_probe():
     tokenizer = bare()
     head, tail = special_frame(tokenizer)
-    assert WordPieces.of(tokenizer, Vocabulary.of(tokenizer), (head, tail)) is not None
-    assert WordPieces.of(tokenizer, Vocabulary.of(tokenizer), (head, tail + tail)) is None
+    assert WordPieces(Vocabulary.of(tokenizer), head, tail, None).agrees_with(tokenizer)
+    assert not WordPieces(Vocabulary.of(tokenizer), head, tail + tail, None).agrees_with(tokenizer)
 
 
 def test_the_words_it_cuts_are_kept_within_bounds():
