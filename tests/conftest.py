@@ -120,8 +120,14 @@ def tiny_sparse_encoder(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def onnx_cache(tmp_path_factory):
-    """A private ONNX cache for the session; servers inherit it through the environment."""
-    path = tmp_path_factory.mktemp("onnx-cache")
+    """A private ONNX cache for the session; servers inherit it through the environment. Under
+    pytest -n the runners share it (its entries are keyed by content and built under a file lock),
+    so a model that every runner serves is exported once: 10 CPU seconds an export here."""
+    session_root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        session_root = session_root.parent  # the run's own folder, above each runner's
+    path = session_root / "onnx-cache"
+    path.mkdir(exist_ok=True)
     previous = os.environ.get("ENCODER_SERVER_CACHE")
     os.environ["ENCODER_SERVER_CACHE"] = str(path)
     yield path
@@ -349,16 +355,47 @@ def keyed_gateway(one_worker_server, tmp_path_factory):
         yield gateway
 
 
-@pytest.fixture(scope="session")
-def ray_head():
+class RayHead:
     """One Ray head for the tests that are not about starting Ray (`--ray-address` to it, or
     ray.init in the test's process): each would otherwise start and stop a Ray of its own. The
-    bulk runs killed mid-way, and the two-node cluster, start their own."""
-    from ray.cluster_utils import Cluster
+    bulk runs killed mid-way, and the two-node cluster, start their own. It starts at the first test
+    that asks for it and stops once the runner's next test is outside USERS, where every such test
+    lives (they run first: RUN_ORDER), rather than at the end of the session: an idle Ray, with Ray
+    Data's actors, kept a tenth of a core busy for the rest of the suite."""
+    USERS = Path(__file__).parent / "bulk"
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    yield cluster.address
-    cluster.shutdown()
+    def __init__(self):
+        self.cluster = None
+
+    def address(self):
+        if self.cluster is None:
+            from ray.cluster_utils import Cluster
+            self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+        return self.cluster.address
+
+    def stop(self):
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+
+
+RAY_HEAD = RayHead()
+
+
+@pytest.fixture(scope="module")  # a module's at most: the head may stop between modules
+def ray_head():
+    return RAY_HEAD.address()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # the test's own fixtures first: a module's ray.init connection to the head is closed by now
+    if nextitem is None or RayHead.USERS not in Path(str(nextitem.path)).parents:
+        RAY_HEAD.stop()
+
+
+def pytest_sessionfinish(session):
+    RAY_HEAD.stop()  # an interrupted run too
 
 
 def reference_embeddings(model_dir, texts, layers=(-2,), strategy="mean", is_tokenized=False, max_length=None):
