@@ -38,6 +38,25 @@ def direct_shards(model, texts, shard_rows):
                            for start in range(0, len(texts), shard_rows)])
 
 
+def _alive(process):
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture(scope="session")
+def exit_by_the_end():
+    """Called with (processes, seconds): those processes must exit on their own within `seconds`.
+    Checked as the session ends, so that no test sleeps through the wait while others could run."""
+    expected = []
+    yield lambda processes, seconds: expected.append((processes, time.monotonic() + seconds))
+    for processes, deadline in expected:
+        while alive := [process.pid for process in processes if _alive(process)]:
+            assert time.monotonic() < deadline, f"processes {alive} outlived their deadline"
+            time.sleep(1)
+
+
 def test_parquet_in_shards_rerun_skips_finished_and_redoes_a_damaged_one(tiny_model, tmp_path, ray_head):
     texts = random_texts(2500, seed=21)
     pq.write_table(pa.table({"body": texts, "other": list(range(2500))}), tmp_path / "in.parquet")
@@ -119,7 +138,7 @@ def test_a_folder_of_another_job_is_refused(tiny_model, tmp_path, ray_head):
     assert result.returncode == 2 and "holds the output of another job (shard_rows was 10000" in result.stderr
 
 
-def test_a_run_killed_mid_way_finishes_on_rerun_with_every_row_once(tiny_model, tmp_path):
+def test_a_run_killed_mid_way_finishes_on_rerun_with_every_row_once(tiny_model, tmp_path, exit_by_the_end):
     texts = random_texts(20_000, seed=24, min_words=10, max_words=30)
     pq.write_table(pa.table({"text": texts}), tmp_path / "in.parquet")
     out = tmp_path / "out"
@@ -146,10 +165,7 @@ def test_a_run_killed_mid_way_finishes_on_rerun_with_every_row_once(tiny_model, 
                                atol=1e-5)
     assert not list(out.glob(".*.tmp"))
     # Ray's processes share the driver's fate; its runtime-env agent notices within about a minute
-    gone_by = time.monotonic() + 120
-    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family):
-        assert time.monotonic() < gone_by, [p.pid for p in family if p.is_running()]
-        time.sleep(1)
+    exit_by_the_end(family, 120)
 
 
 def test_on_a_two_node_cluster_both_nodes_write_shards(tiny_model, tmp_path):
