@@ -266,16 +266,18 @@ def test_the_worker_sends_its_start_up_error_in_one_line(monkeypatch):
 # ----- real servers -----
 
 def test_a_truncated_cached_model_is_rebuilt_and_the_server_serves_the_same_embeddings(tiny_model, tmp_path):
-    env = {model_cache.CACHE_ENV: str(tmp_path / "cache")}
+    from encoder_server.model import load
+    from encoder_server.settings import resolve
+
     texts = random_texts(20, seed=17)
-    flags = ("--backend", "onnx", "--num-worker", "1")
-    with running_server(tiny_model, *flags, tmp_path=tmp_path / "first", env=env) as server:
-        with server.client() as client:
-            expected = client.encode(texts)
-    (cached,) = (tmp_path / "cache").glob("*/model.onnx")
+    expected = load(str(tiny_model), threads_per_worker=1).embed_texts(texts)
+    shared, _ = model_cache.onnx_files(resolve(model=str(tiny_model)))  # the session's cache: built once
+    cached = tmp_path / "cache" / shared.parent.name / shared.name
+    shutil.copytree(shared.parent, cached.parent)
     with open(cached, "r+b") as handle:
         handle.truncate(1000)
-    with running_server(tiny_model, *flags, tmp_path=tmp_path / "second", env=env) as server:
+    env = {model_cache.CACHE_ENV: str(tmp_path / "cache")}
+    with running_server(tiny_model, "--num-worker", "1", tmp_path=tmp_path, env=env) as server:
         with server.client() as client:
             again = client.encode(texts)
         log = server.log
