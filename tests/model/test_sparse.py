@@ -198,11 +198,17 @@ def real_splade(tmp_path_factory):
     return str(folder)
 
 
-@pytest.mark.parametrize("backend", ["onnx", "torch"])
-def test_a_real_splade_model_equals_sparse_encoder_encode(real_splade, backend):
+@pytest.fixture(scope="module")
+def real_splade_reference(real_splade):
+    """Texts, and SparseEncoder's rows of them, computed once for both backends."""
     texts = ["The weather is lovely today.", "What is the capital of France?", "word " * 600,
              "Ünïcödé and emoji ✓ テキスト", *random_texts(20, seed=11)]
-    reference, _ = encode(real_splade, texts)
+    return texts, encode(real_splade, texts)[0]
+
+
+@pytest.mark.parametrize("backend", ["onnx", "torch"])
+def test_a_real_splade_model_equals_sparse_encoder_encode(real_splade, real_splade_reference, backend):
+    texts, reference = real_splade_reference
     model = load(real_splade, backend=backend)
     vectors = model.embed_texts(texts)
     assert_same_rows(vectors, reference)
