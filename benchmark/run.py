@@ -53,9 +53,9 @@ class Plan:
 
 
 SMOKE = Plan(kinds=("short",), batches=(1, 16), texts={"short": 32}, single_requests=4, concurrency=(1, 4),
-             concurrency_batch=4, window_s=1.0, repeats=1, probe_requests=10, flood_s=2.0, variants=False,
+             concurrency_batch=4, window_s=0.5, repeats=1, probe_requests=10, flood_s=1.0, variants=False,
              sentence_transformers=False, quantized=False,
-             peer_cells={"texts": 16, "clients": 2, "batch": 4, "seconds": 1.0, "single": 4})
+             peer_cells={"texts": 16, "clients": 2, "batch": 4, "seconds": 0.5, "single": 4})
 
 
 class Suite:
