@@ -38,6 +38,7 @@ def check(start_flags, choices):
     scores CrossEncoder.predict's within MAX_SCORE_DIFFERENCE; int8: at least --min-quant-cosine),
     else 1."""
     settings = resolve(**choices)
+    _build_onnx_files(settings)
     port, port_out = free_port(), free_port()
     server = subprocess.Popen([sys.executable, "-m", "encoder_server.cli", "start", *start_flags, "--port", str(port),
                                "--port-out", str(port_out), "--num-worker", "1"])
@@ -50,6 +51,19 @@ def check(start_flags, choices):
         server.wait(60)
     checks = {"rerank": _check_reranker, "sparse": _check_sparse, "embed": _check_embedder}
     return max(checks[model.kind](model, rows) for model, rows in served)
+
+
+def _build_onnx_files(settings):
+    """Build the ONNX files that the server will serve (or find them cached) here, in a process that
+    loads torch for the reference anyway: the server then finds them cached, where it would export
+    in a child of its own that loads torch and transformers once more (10 CPU seconds on 2 cores)."""
+    from .logs import configure_logging
+    from .model.model_cache import onnx_files
+
+    configure_logging("check", settings.verbose)
+    for model in settings.all_models:
+        if model.backend == "onnx":
+            onnx_files(model)
 
 
 def _served(client, model):
