@@ -1,4 +1,5 @@
 """Fixtures: a tiny random BERT in a temp folder, and real encoder-server processes on loopback."""
+import functools
 import hashlib
 import json
 import os
@@ -398,13 +399,19 @@ def pytest_sessionfinish(session):
     RAY_HEAD.stop()  # an interrupted run too
 
 
+@functools.lru_cache(maxsize=4)
+def _hugging_face_model(model_dir):
+    """(tokenizer, model) of a folder, loaded once a runner: a load costs more than a test's texts."""
+    from transformers import AutoModel, AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
+
+
 def reference_embeddings(model_dir, texts, layers=(-2,), strategy="mean", is_tokenized=False, max_length=None):
     """A plain in-process reference: Hugging Face model, numpy pooling (no server code involved)."""
     import torch
-    from transformers import AutoModel, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModel.from_pretrained(model_dir).eval()
+    tokenizer, model = _hugging_face_model(str(model_dir))
     rows = []
     for text in texts:
         encoded = tokenizer([text], is_split_into_words=is_tokenized, truncation=True,
