@@ -266,12 +266,14 @@ def test_the_worker_sends_its_start_up_error_in_one_line(monkeypatch):
 # ----- real servers -----
 
 def test_a_truncated_cached_model_is_rebuilt_and_the_server_serves_the_same_embeddings(tiny_model, tmp_path):
+    from pathlib import Path
+
     from encoder_server.model import load
-    from encoder_server.settings import resolve
 
     texts = random_texts(20, seed=17)
-    expected = load(str(tiny_model), threads_per_worker=1).embed_texts(texts)
-    shared, _ = model_cache.onnx_files(resolve(model=str(tiny_model)))  # the session's cache: built once
+    embedder = load(str(tiny_model), threads_per_worker=1)
+    expected = embedder.embed_texts(texts)
+    shared = Path(embedder.spec.onnx_file)  # in the session's cache: built once
     cached = tmp_path / "cache" / shared.parent.name / shared.name
     shutil.copytree(shared.parent, cached.parent)
     with open(cached, "r+b") as handle:
