@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -56,8 +57,17 @@ def _pss(pid):
 
 
 class _Server:
-    """A server process group: started in __enter__, ready-checked, stopped in __exit__."""
+    """A server process group: started in __enter__, ready-checked, stopped in __exit__. Its output goes
+    to `log_path`; without a log folder, to a temporary file that is removed unless the start failed."""
     name = "server"
+
+    def _log_path(self, log_dir, name):
+        self._temporary_log = log_dir is None
+        if log_dir is None:
+            descriptor, path = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")
+            os.close(descriptor)
+            return Path(path)
+        return Path(log_dir) / f"{name}.log"
 
     def __enter__(self):
         self.log = open(self.log_path, "w")
@@ -66,6 +76,7 @@ class _Server:
         deadline = time.monotonic() + START_TIMEOUT
         while not self.ready():
             if self.process.poll() is not None or time.monotonic() > deadline:
+                self._temporary_log = False
                 self.__exit__()
                 raise RuntimeError(f"{self.name} did not start; see {self.log_path}")
             time.sleep(0.5)
@@ -83,18 +94,20 @@ class _Server:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self.log.close()
+        if self._temporary_log:
+            self.log_path.unlink(missing_ok=True)
 
 
 class Service(_Server):
     """`encoder-server start` with the given flags."""
 
-    def __init__(self, name, flags=(), model=None, log_dir="/tmp", env=None):
+    def __init__(self, name, flags=(), model=None, log_dir=None, env=None):
         self.name = name
         self.port, self.port_out = free_port(), free_port()
         self.command = [sys.executable, "-m", "encoder_server.cli", "start", "--port", str(self.port),
                         "--port-out", str(self.port_out), *(["--model", str(model)] if model else []), *flags]
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
-        self.log_path = Path(log_dir) / f"bench-{self.port}.log"
+        self.log_path = self._log_path(log_dir, f"bench-{self.port}")
 
     def ready(self):
         from encoder_client import EncoderClient
@@ -123,14 +136,14 @@ class _ServiceClient:
 class Infinity(_Server):
     """infinity-emb's own server (`infinity_emb v2 --engine torch --device cpu`), driven over HTTP."""
 
-    def __init__(self, executable, model, log_dir="/tmp"):
+    def __init__(self, executable, model, log_dir=None):
         self.name = "infinity (torch, fp32)"
         self.port = free_port()
         self.command = [str(executable), "v2", "--model-id", str(model), "--served-model-name", "bench",
                         "--engine", "torch", "--device", "cpu", "--port", str(self.port), "--log-level", "warning"]
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0",
                     "DO_NOT_TRACK": "1"}
-        self.log_path = Path(log_dir) / f"bench-infinity-{self.port}.log"
+        self.log_path = self._log_path(log_dir, f"bench-infinity-{self.port}")
         self.url = f"http://127.0.0.1:{self.port}"
 
     def ready(self):

@@ -166,7 +166,7 @@ def default_workers():
     return default_cuda_workers(usable_cpus()) if DEVICE == "cuda" else None
 
 
-def measure(model, workers, seconds=5.0, repeats=1, texts=(20_000, 4_000), log_dir="/tmp", wide_rows=0,
+def measure(model, workers, seconds=5.0, repeats=1, texts=(20_000, 4_000), log_dir=None, wide_rows=0,
             services=None, baselines=None, out=None):
     """The whole sweep: what `out` (a path) gets, written again after each row, so that a sweep
     stopped at a time limit leaves the rows it measured."""
@@ -198,7 +198,7 @@ def main(argv=None):
     parser.add_argument("--texts", type=int, nargs=2, default=[20_000, 4_000], metavar=("SHORT", "MEDIUM"),
                         help="texts in the one-client lists")
     parser.add_argument("--out", help="a JSON file for every row")
-    parser.add_argument("--log-dir", default="/tmp")
+    parser.add_argument("--log-dir", help="keep the servers' logs there (default: removed unless a start fails)")
     args = parser.parse_args(argv)
     measure(args.model, args.workers, args.seconds, args.repeats, args.texts, args.log_dir, args.wide_rows,
             args.services, args.baselines, args.out)

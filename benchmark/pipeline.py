@@ -33,7 +33,7 @@ CELLS = (("32 clients x 32 short texts", 32, 32), ("32 clients x 1 short text", 
 ZERO_BACKEND = {"ENCODER_SERVER_ZERO_BACKEND": "1"}
 
 
-def measure(model=None, flags=(), cells=CELLS, seconds=5.0, repeats=3, loaders=2, log_dir="/tmp"):
+def measure(model=None, flags=(), cells=CELLS, seconds=5.0, repeats=3, loaders=2, log_dir=None):
     """[{cell, clients, batch, texts_per_s, requests_per_s, p50_ms, p99_ms, cpu_us_per_request}] on the
     zero backend, the median of `repeats` windows of `seconds` each."""
     rows = []

@@ -93,10 +93,14 @@ def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path, monkeypatch):
     assert "| cores busy: workers / ventilator / sink |" in table
 
 
-def test_interleaved_times_each_text_in_process_and_through_the_service(tiny_model):
+def test_interleaved_times_each_text_in_process_and_through_the_service(tiny_model, tmp_path):
+    logs = [Path("/tmp"), tmp_path]  # where the server's log would stay: the old fixed folder, or TMPDIR
+    before = [set(folder.glob("bench-*.log")) for folder in logs]
     result = subprocess.run([sys.executable, "-m", "benchmark.interleaved", "--kind", "short", "--texts", "6",
-                             "--model", str(tiny_model)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                             "--model", str(tiny_model)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert [set(folder.glob("bench-*.log")) for folder in logs] == before  # removed once the server stopped
     report = json.loads(result.stdout)
     for engine in ("in-process", "service"):
         row = report[engine]
