@@ -232,6 +232,23 @@ def short_dirs_removed():
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ray_temp_dir():
+    """Ray's sessions (logs, sockets) in a folder of this runner's, removed at the end, rather than
+    in /tmp/ray, where each run would leave four; short, for Ray's Unix sockets. Ray, and the bulk
+    commands the tests start, take it from the environment."""
+    path = tempfile.mkdtemp(prefix="es-ray-")
+    previous = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = path
+    yield path
+    RAY_HEAD.stop()
+    shutil.rmtree(path, ignore_errors=True)
+    if previous is None:
+        del os.environ["RAY_TMPDIR"]
+    else:
+        os.environ["RAY_TMPDIR"] = previous
+
+
 def assert_no_leftovers(server):
     """No child process of the server's group and no ipc folder remain."""
     deadline = time.monotonic() + 10
