@@ -46,7 +46,20 @@ def cache_root():
 
 
 def onnx_files(spec):
-    """(fp32 file, served file) for this spec, building whatever the cache lacks."""
+    """(fp32 file, served file) for this spec, building whatever the cache lacks. A build that fails
+    (weights that cannot be read, an architecture the exporter cannot trace) is a ConfigError that
+    names the model and the cause; the traceback is logged at debug level (--verbose)."""
+    try:
+        return _onnx_files(spec)
+    except ConfigError:
+        raise
+    except Exception as error:
+        log.debug("building the ONNX file of %s failed", spec.model, exc_info=True)
+        raise ConfigError(f"--model {spec.model}: its ONNX file could not be built: "
+                          f"{type(error).__name__}: {error}") from error
+
+
+def _onnx_files(spec):
     fp32 = _cached(_entry(spec, "fp32"), lambda target: onnx_export.export(spec, target))
     if spec.quantize == "int8":
         return fp32, _cached(_entry(spec, "int8"), lambda target: onnx_export.quantize(fp32, target, spec))

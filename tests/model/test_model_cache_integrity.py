@@ -288,10 +288,31 @@ def test_a_truncated_cached_model_is_rebuilt_and_the_server_serves_the_same_embe
     assert os.path.getsize(cached) > 1000
 
 
-def test_workers_that_can_never_start_stop_the_server_with_their_first_error(tiny_model, tmp_path):
+def truncated_weights(tiny_model, tmp_path):
     model = shutil.copytree(tiny_model, tmp_path / "model")
     with open(model / "model.safetensors", "r+b") as handle:  # the supervisor only checks it exists
         handle.truncate(1000)
+    return model
+
+
+@pytest.mark.parametrize("command", ["start", "check"])
+def test_weights_that_cannot_be_read_stop_the_onnx_export_with_one_line_naming_the_model(
+        tiny_model, tmp_path, command):
+    model = truncated_weights(tiny_model, tmp_path)
+    finished = subprocess.run([sys.executable, "-m", "encoder_server.cli", command, "--model", str(model),
+                               *(["--port", str(free_port()), "--port-out", str(free_port())] if command == "start"
+                                 else [])],
+                              capture_output=True, text=True, timeout=GIVE_UP_WITHIN,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1",
+                                   "ENCODER_SERVER_CACHE": str(tmp_path / "cache")})
+    assert finished.returncode == 2 and "Traceback" not in finished.stderr, finished.stderr[-3000:]
+    assert finished.stderr.splitlines()[-1].startswith(
+        f"encoder-server: error: --model {model}: its ONNX file could not be built: SafetensorError: "), finished.stderr
+    assert not list((tmp_path / "cache").glob("*/model.onnx")) and not list((tmp_path / "cache").glob(".build-*"))
+
+
+def test_workers_that_can_never_start_stop_the_server_with_their_first_error(tiny_model, tmp_path):
+    model = truncated_weights(tiny_model, tmp_path)
     log_path = tmp_path / "server.log"
     command = [sys.executable, "-m", "encoder_server.cli", "start", "--model", str(model), "--backend", "torch",
                "--num-worker", "1", "--port", str(free_port()), "--port-out", str(free_port())]
