@@ -222,6 +222,12 @@ def load_fast_tokenizer(model_dir):
     converted = AutoTokenizer.from_pretrained(model_dir)
     if not hasattr(converted, "backend_tokenizer"):
         raise ValueError(f"{model_dir} has no tokenizer.json, and transformers has no fast tokenizer for it")
+    if converted.backend_tokenizer.get_vocab_size() <= len(set(converted.all_special_ids)):
+        # without its vocabulary file transformers still builds the tokenizer class that config.json
+        # names, knowing only its special tokens: every word would be [UNK]
+        wanted = " or ".join(sorted(set(getattr(converted, "vocab_files_names", {}).values()) | {"tokenizer.json"}))
+        raise ValueError(f"{model_dir} has no tokenizer files (it needs {wanted}); "
+                         "its tokenizer would know no words")
     return FastTokenizer.from_str(converted.backend_tokenizer.to_str())
 
 

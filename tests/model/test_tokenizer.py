@@ -2,6 +2,8 @@
 and the prefix keeps exactly the whole text's first tokens; truncation is counted; prompt tokens
 stay out of pooling when the model says so. On the tiny random BERT's tokenizer.json, against
 transformers' own tokenizer of the whole text."""
+import shutil
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -88,3 +90,17 @@ def test_prompt_tokens_stay_out_of_pooling_unless_the_model_includes_them(tiny_m
 def test_mask_special_leaves_cls_and_sep_out_of_pooling(tiny_model):
     encoding = Tokenizer(tiny_model, LIMIT, mask_special=True).tokenize(["a cat sat"])
     assert encoding.pooled[0][0] == 0 and encoding.pooled[0][-1] == 0 and all(encoding.pooled[0][1:-1])
+
+
+def test_a_folder_with_only_a_vocab_file_gets_the_tokenizer_transformers_builds_from_it(tiny_model, tmp_path):
+    folder = shutil.copytree(tiny_model, tmp_path / "model", ignore=shutil.ignore_patterns("tokenizer.json"))
+    text = "the cat sat on the mat, and the dog ran"
+    converted = AutoTokenizer.from_pretrained(folder)
+    assert Tokenizer(folder, LIMIT).tokenize([text]).ids[0] == whole_text_ids(converted, text)
+
+
+def test_a_folder_without_tokenizer_files_is_refused_not_served_as_unknown_words(tiny_model, tmp_path):
+    # transformers builds a BertTokenizer from config.json alone, knowing only [CLS], [SEP], [UNK], ...
+    folder = shutil.copytree(tiny_model, tmp_path / "model", ignore=shutil.ignore_patterns("tokenizer*", "vocab.txt"))
+    with pytest.raises(ValueError, match=f"{folder} has no tokenizer files \\(it needs tokenizer.json or vocab.txt\\)"):
+        Tokenizer(folder, LIMIT)
