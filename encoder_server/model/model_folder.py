@@ -202,8 +202,9 @@ def _stack(path, modules):
         elif kind == "Normalize" and "sentence_transformers" in stack and not stack.get("st_normalize"):
             stack["st_normalize"] = True
         else:
-            raise ConfigError(_unsupported(path, index, module, "the server reproduces only Transformer, "
-                                                                "Pooling, Dense, LayerNorm and a final Normalize"))
+            raise ConfigError(_unsupported(path, index, module, "the server reproduces a Transformer, one "
+                                                                "Pooling, then Dense and LayerNorm modules and a "
+                                                                "final Normalize, in that order"))
     return stack
 
 
