@@ -129,13 +129,9 @@ def onnx_cache(tmp_path_factory):
         session_root = session_root.parent  # the run's own folder, above each runner's
     path = session_root / "onnx-cache"
     path.mkdir(exist_ok=True)
-    previous = os.environ.get("ENCODER_SERVER_CACHE")
-    os.environ["ENCODER_SERVER_CACHE"] = str(path)
-    yield path
-    if previous is None:
-        del os.environ["ENCODER_SERVER_CACHE"]
-    else:
-        os.environ["ENCODER_SERVER_CACHE"] = previous
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ENCODER_SERVER_CACHE", str(path))
+        yield path
 
 
 @pytest.fixture(scope="session")
@@ -238,15 +234,11 @@ def ray_temp_dir():
     in /tmp/ray, where each run would leave four; short, for Ray's Unix sockets. Ray, and the bulk
     commands the tests start, take it from the environment."""
     path = tempfile.mkdtemp(prefix="es-ray-")
-    previous = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = path
-    yield path
-    RAY_HEAD.stop()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", path)
+        yield path
+        RAY_HEAD.stop()
     shutil.rmtree(path, ignore_errors=True)
-    if previous is None:
-        del os.environ["RAY_TMPDIR"]
-    else:
-        os.environ["RAY_TMPDIR"] = previous
 
 
 def assert_no_leftovers(server):
