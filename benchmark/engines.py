@@ -61,13 +61,15 @@ class _Server:
     to `log_path`; without a log folder, to a temporary file that is removed unless the start failed."""
     name = "server"
 
-    def _log_path(self, log_dir, name):
+    def _place_log(self, log_dir, name):
+        """Set `log_path`: NAME.log in `log_dir`, or without one a temporary file."""
         self._temporary_log = log_dir is None
         if log_dir is None:
             descriptor, path = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")
             os.close(descriptor)
-            return Path(path)
-        return Path(log_dir) / f"{name}.log"
+            self.log_path = Path(path)
+        else:
+            self.log_path = Path(log_dir) / f"{name}.log"
 
     def __enter__(self):
         self.log = open(self.log_path, "w")
@@ -107,7 +109,7 @@ class Service(_Server):
         self.command = [sys.executable, "-m", "encoder_server.cli", "start", "--port", str(self.port),
                         "--port-out", str(self.port_out), *(["--model", str(model)] if model else []), *flags]
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
-        self.log_path = self._log_path(log_dir, f"bench-{self.port}")
+        self._place_log(log_dir, f"bench-{self.port}")
 
     def ready(self):
         from encoder_client import EncoderClient
@@ -143,7 +145,7 @@ class Infinity(_Server):
                         "--engine", "torch", "--device", "cpu", "--port", str(self.port), "--log-level", "warning"]
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0",
                     "DO_NOT_TRACK": "1"}
-        self.log_path = self._log_path(log_dir, f"bench-infinity-{self.port}")
+        self._place_log(log_dir, f"bench-infinity-{self.port}")
         self.url = f"http://127.0.0.1:{self.port}"
 
     def ready(self):

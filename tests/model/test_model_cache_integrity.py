@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -266,8 +267,6 @@ def test_the_worker_sends_its_start_up_error_in_one_line(monkeypatch):
 # ----- real servers -----
 
 def test_a_truncated_cached_model_is_rebuilt_and_the_server_serves_the_same_embeddings(tiny_model, tmp_path):
-    from pathlib import Path
-
     from encoder_server.model import load
 
     texts = random_texts(20, seed=17)
