@@ -24,6 +24,9 @@ _LEGACY_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "ma
                  "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
 _HEAD_KINDS = ("Dense", "LayerNorm")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# what a tokenizer is built from: tokenizer.json, or the vocabulary files of transformers' tokenizer
+# classes (WordPiece's vocab.txt, BPE's vocab.json and merges.txt, SentencePiece's *.model...)
+TOKENIZER_FILES = ("tokenizer.json", "vocab*", "merges*", "*.model", "*.spm", "bpe.codes", "dict.txt")
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ def inspect_model_folder(path):
     hidden_size = config.get("hidden_size", config.get("dim"))
     if not isinstance(hidden_size, int):
         raise ConfigError(f"--model {path}: config.json names no hidden_size")
+    _check_tokenizer_files(path, transformer_path)
     st_config = _read_json(transformer_path / "sentence_bert_config.json") or {}
     model_config = _read_json(path / "config_sentence_transformers.json") or {}
     prompts = model_config.get("prompts") or {}
@@ -98,6 +102,16 @@ def inspect_model_folder(path):
                      default_prompt_name=model_config.get("default_prompt_name"), vocab_size=config.get("vocab_size"),
                      **_classifier(config, model_config), **_stack_or_splade(path, modules, config, st_config,
                                                                               model_config))
+
+
+def _check_tokenizer_files(path, transformer_path):
+    """ConfigError for a folder that no tokenizer can be built from: without one, transformers builds
+    a tokenizer that knows only its special tokens, so every word would be [UNK] (the workers' own
+    check, model/tokenizer.py, is exact but needs transformers; this one needs no import)."""
+    if not any(next(transformer_path.glob(pattern), None) for pattern in TOKENIZER_FILES):
+        where = "" if transformer_path == path else f" (in {transformer_path.name}/)"
+        raise ConfigError(f"--model {path}: no tokenizer files{where}; it needs tokenizer.json or a vocabulary "
+                          "such as vocab.txt, else its tokenizer would know no words")
 
 
 def _classifier(config, model_config):

@@ -44,11 +44,12 @@ def test_weights_that_are_no_safetensors_are_a_start_up_error_that_names_the_fil
 
 
 def big_model_folder(root, hidden=4096, layers=32, parameters=7_000_000_000):
-    """A 7B-sized encoder's folder: its config and a sparse fp16 safetensors file of that many numbers,
-    which takes no disk."""
+    """A 7B-sized encoder's folder: its config, a vocabulary and a sparse fp16 safetensors file of that
+    many numbers, which takes no disk."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps({"model_type": "bert", "num_hidden_layers": layers,
                                                   "hidden_size": hidden, "max_position_embeddings": 512}))
+    (root / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n")
     header = json.dumps({"weight": {"dtype": "F16", "shape": [parameters], "data_offsets": [0, 2 * parameters]}})
     with open(root / "model.safetensors", "wb") as weights:
         weights.write(struct.pack("<Q", len(header)) + header.encode())

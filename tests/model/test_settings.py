@@ -19,6 +19,7 @@ def plain_folder(root, name="plain-bert", layers=6, positions=512, tokenizer_lim
     folder = root / name
     write(folder / "config.json", {"model_type": "bert", "num_hidden_layers": layers,
                                    "max_position_embeddings": positions, "hidden_size": 32})
+    write(folder / "vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\n")  # what a tokenizer can be built from
     if tokenizer_limit is not None:
         write(folder / "tokenizer_config.json", {"model_max_length": tokenizer_limit})
     return folder
@@ -171,6 +172,31 @@ def test_missing_config_json(tmp_path):
         resolve(model=str(tmp_path / "empty"))
     with pytest.raises(ConfigError):
         resolve(model=str(tmp_path / "does-not-exist"))
+
+
+@pytest.mark.parametrize("in_module", [False, True])
+def test_a_folder_without_tokenizer_files_is_refused_at_once(tmp_path, in_module):
+    """Not after its workers failed to start three times each (30 s): a tokenizer built from no files
+    would know only its special tokens. The files looked for are those of the Transformer module."""
+    folder = st_folder(tmp_path)
+    if in_module:  # the Transformer module in a subfolder, its vocabulary beside the top folder's config
+        modules = json.loads((folder / "modules.json").read_text())
+        modules[0]["path"] = "0_Transformer"
+        write(folder / "modules.json", modules)
+        write(folder / "0_Transformer" / "config.json", json.loads((folder / "config.json").read_text()))
+    else:
+        (folder / "vocab.txt").unlink()
+    where = " \\(in 0_Transformer/\\)" if in_module else ""
+    with pytest.raises(ConfigError, match=f"--model {re.escape(str(folder))}: no tokenizer files{where}; it needs "
+                                          "tokenizer.json or a vocabulary such as vocab.txt"):
+        resolve(model=str(folder))
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "vocab.json", "sentencepiece.bpe.model", "spiece.model"])
+def test_any_file_a_tokenizer_is_built_from_will_do(tmp_path, name):
+    folder = plain_folder(tmp_path)
+    (folder / "vocab.txt").rename(folder / name)
+    assert resolve(model=str(folder)).encoder_path == str(folder)
 
 
 def test_config_without_layer_count(tmp_path):

@@ -2,6 +2,7 @@
 keygen."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -39,6 +40,16 @@ def test_start_up_errors_are_one_clear_line(tiny_model, flags, message):
     assert finished.returncode == 2
     assert message in finished.stderr and "Traceback" not in finished.stderr
     assert len(finished.stderr.strip().splitlines()) == 1
+
+
+def test_a_model_without_tokenizer_files_is_refused_before_any_worker_starts(tiny_model, tmp_path):
+    """Once its workers failed to start three times each (30 s, exit code 1); now one line at once."""
+    model = shutil.copytree(tiny_model, tmp_path / "model", ignore=shutil.ignore_patterns("tokenizer*", "vocab*"))
+    finished = _start("--model", str(model), "--port", str(free_port()), "--port-out", str(free_port()))
+    assert finished.returncode == 2 and "Traceback" not in finished.stderr, finished.stderr[-3000:]
+    assert finished.stderr.splitlines() == [f"encoder-server: error: --model {model}: no tokenizer files; it needs "
+                                            "tokenizer.json or a vocabulary such as vocab.txt, else its tokenizer "
+                                            "would know no words"]
 
 
 def test_a_tmpdir_too_long_for_the_ipc_sockets_is_a_clear_error(tiny_model, tmp_path):
