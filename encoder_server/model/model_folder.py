@@ -112,6 +112,21 @@ def _check_tokenizer_files(path, transformer_path):
         where = "" if transformer_path == path else f" (in {transformer_path.name}/)"
         raise ConfigError(f"--model {path}: no tokenizer files{where}; it needs tokenizer.json or a vocabulary "
                           "such as vocab.txt, else its tokenizer would know no words")
+    if _cut_short(transformer_path / "tokenizer.json"):
+        raise ConfigError(f"--model {path}: {transformer_path / 'tokenizer.json'} is cut short (its JSON object "
+                          "never ends): copy or download it again")
+
+
+def _cut_short(path):
+    """Whether a JSON file that exists ends before its closing brace, as a truncated copy does (its
+    last bytes are read, not the whole file: a tokenizer.json can take megabytes, and so would its
+    parse in the supervisor)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, 2) - 64))
+            return not handle.read().rstrip().endswith(b"}")
+    except FileNotFoundError:
+        return False
 
 
 def _classifier(config, model_config):

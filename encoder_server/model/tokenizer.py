@@ -217,7 +217,10 @@ def load_fast_tokenizer(model_dir):
     """The folder's tokenizer.json; without one, the tokenizer transformers builds from the folder."""
     path = Path(model_dir) / "tokenizer.json"
     if path.is_file():
-        return FastTokenizer.from_file(str(path))
+        try:
+            return FastTokenizer.from_file(str(path))
+        except Exception as error:  # tokenizers raises a bare Exception that names no file
+            raise ValueError(f"{path} is no tokenizer the tokenizers library can read: {error}") from None
     from transformers import AutoTokenizer
     converted = AutoTokenizer.from_pretrained(model_dir)
     if not hasattr(converted, "backend_tokenizer"):

@@ -192,10 +192,21 @@ def test_a_folder_without_tokenizer_files_is_refused_at_once(tmp_path, in_module
         resolve(model=str(folder))
 
 
+@pytest.mark.parametrize("text", ["", '{"model": {"vocab": {"[PAD]": 0, "[UNK]": 1'])
+def test_a_tokenizer_json_cut_short_is_refused_at_once(tmp_path, text):
+    folder = plain_folder(tmp_path)
+    write(folder / "tokenizer.json", text)
+    with pytest.raises(ConfigError, match=f"--model {re.escape(str(folder))}: {re.escape(str(folder))}/tokenizer"
+                                          "\\.json is cut short \\(its JSON object never ends\\)"):
+        resolve(model=str(folder))
+
+
 @pytest.mark.parametrize("name", ["tokenizer.json", "vocab.json", "sentencepiece.bpe.model", "spiece.model"])
 def test_any_file_a_tokenizer_is_built_from_will_do(tmp_path, name):
     folder = plain_folder(tmp_path)
     (folder / "vocab.txt").rename(folder / name)
+    if name == "tokenizer.json":  # (the workers read it; here only its end is looked at)
+        write(folder / name, '{"model": {}}  \n')
     assert resolve(model=str(folder)).encoder_path == str(folder)
 
 

@@ -104,3 +104,11 @@ def test_a_folder_without_tokenizer_files_is_refused_not_served_as_unknown_words
     folder = shutil.copytree(tiny_model, tmp_path / "model", ignore=shutil.ignore_patterns("tokenizer*", "vocab.txt"))
     with pytest.raises(ValueError, match=f"{folder} has no tokenizer files \\(it needs tokenizer.json or vocab.txt\\)"):
         Tokenizer(folder, LIMIT)
+
+
+def test_a_tokenizer_json_the_library_cannot_read_is_named_in_the_error(tiny_model, tmp_path):
+    folder = shutil.copytree(tiny_model, tmp_path / "model")
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": 5}')
+    with pytest.raises(ValueError, match=f"{folder / 'tokenizer.json'} is no tokenizer the tokenizers library can "
+                                         "read: "):
+        Tokenizer(folder, LIMIT)
