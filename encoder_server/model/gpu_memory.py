@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from .cuda_graphs import OUTPUT_BYTES
-from .model_folder import ConfigError
+from .model_folder import open_weights
 
 # a CUDA context with torch's kernels loaded, cuBLAS's workspace and the caching allocator's
 # rounding: a worker of a tiny model held 716 MiB on an H200 (torch 2.11, CUDA 13)
@@ -47,12 +47,8 @@ def parameter_count(folder):
 
 
 def _tensor_numbers(file):
-    from safetensors import SafetensorError, safe_open
-    try:
-        with safe_open(file, "np") as weights:
-            return sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
-    except (SafetensorError, OSError) as error:
-        raise ConfigError(f"{file}: not readable as safetensors ({error})") from None
+    with open_weights(file) as weights:
+        return sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
 
 
 def workers_that_fit(gpu_bytes, per_worker_bytes, share=GPU_SHARE):

@@ -5,6 +5,7 @@ reproduces the stacks `Transformer, Pooling, [Dense | LayerNorm]..., [Normalize]
 SparseEncoder's `Transformer (fill-mask) | MLMTransformer, SpladePooling`; any other module is a
 start-up error that names it, never something else served in its place.
 """
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,9 @@ def inspect_model_folder(path):
     if not isinstance(hidden_size, int):
         raise ConfigError(f"--model {path}: config.json names no hidden_size")
     _check_tokenizer_files(path, transformer_path)
+    for weights in sorted(transformer_path.glob("*.safetensors")):
+        with open_weights(weights, f"--model {path}: "):
+            pass
     st_config = _read_json(transformer_path / "sentence_bert_config.json") or {}
     model_config = _read_json(path / "config_sentence_transformers.json") or {}
     prompts = model_config.get("prompts") or {}
@@ -102,6 +106,21 @@ def inspect_model_folder(path):
                      default_prompt_name=model_config.get("default_prompt_name"), vocab_size=config.get("vocab_size"),
                      **_classifier(config, model_config), **_stack_or_splade(path, modules, config, st_config,
                                                                               model_config))
+
+
+@contextlib.contextmanager
+def open_weights(file, context=""):
+    """A safetensors file opened to read its header (safetensors' safe_open, numpy tensors); a file
+    that cannot be, as a truncated copy cannot (safetensors checks that its header covers the whole
+    file), is a ConfigError that names it, after `context`, at start-up rather than in every worker."""
+    from safetensors import SafetensorError, safe_open
+    try:
+        weights = safe_open(file, "np")
+    except (SafetensorError, OSError) as error:
+        raise ConfigError(f"{context}{file}: not readable as safetensors ({error}); copy or download it "
+                          "again") from None
+    with weights:
+        yield weights
 
 
 def _check_tokenizer_files(path, transformer_path):
