@@ -25,9 +25,10 @@ _LEGACY_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "ma
                  "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
 _HEAD_KINDS = ("Dense", "LayerNorm")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-# what a tokenizer is built from: tokenizer.json, or the vocabulary files of transformers' tokenizer
-# classes (WordPiece's vocab.txt, BPE's vocab.json and merges.txt, SentencePiece's *.model...)
-TOKENIZER_FILES = ("tokenizer.json", "vocab*", "merges*", "*.model", "*.spm", "bpe.codes", "dict.txt")
+# what a tokenizer is built from: tokenizer.json, or the vocabulary files that transformers' tokenizer
+# classes name (vocab_files_names: WordPiece's vocab.txt, BPE's vocab.json and merges.txt,
+# SentencePiece's *.model...); each class that names another file (emoji.json...) names one of these too
+TOKENIZER_FILES = ("tokenizer.json", "*vocab*", "merges*", "*.model", "*.spm", "bpe.codes", "dict.txt")
 
 
 @dataclass(frozen=True)
