@@ -8,6 +8,7 @@ start-up error that names it, never something else served in its place.
 """
 import contextlib
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,11 +125,25 @@ def open_weights(file, context=""):
 
 
 def _check_weights(path, transformer_path):
-    """ConfigError for safetensors weights that are not whole: found here in milliseconds, where the
-    ONNX export or each worker in turn would find them (the torch backend: 3 starts of ~10 s each)."""
+    """ConfigError for weights that are not whole: found here in milliseconds, where the ONNX export
+    or each worker in turn would find them (the torch backend: 3 starts of ~10 s each)."""
     for file in sorted(transformer_path.glob("*.safetensors")):
         with open_weights(file, f"--model {path}: "):
             pass
+    for file in sorted(transformer_path.glob("*.bin")):
+        if _zip_cut_short(file):
+            raise ConfigError(f"--model {path}: {file}: cut short (a zip archive without its end record); copy "
+                              "or download it again")
+
+
+def _zip_cut_short(file):
+    """Whether a torch checkpoint in zip form (torch.save's since torch 1.6) lacks the record that
+    ends a zip archive, as a truncated copy does (only its last bytes are read). A checkpoint in
+    torch's older form, a bare pickle, is not checked."""
+    with open(file, "rb") as handle:
+        if handle.read(4) != b"PK\x03\x04":
+            return False
+    return not zipfile.is_zipfile(file)
 
 
 def _check_tokenizer_files(path, transformer_path):

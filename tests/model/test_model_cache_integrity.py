@@ -295,17 +295,28 @@ def _run(command, model, tmp_path, *flags):
                           env={**os.environ, "HF_HUB_OFFLINE": "1", "ENCODER_SERVER_CACHE": str(tmp_path / "cache")})
 
 
-@pytest.mark.parametrize("command, backend", [("start", "onnx"), ("start", "torch"), ("check", "onnx")])
-def test_weights_cut_short_are_refused_at_once_in_one_line_naming_the_file(tiny_model, tmp_path, command, backend):
+@pytest.mark.parametrize("command, backend, weights", [("start", "onnx", "model.safetensors"),
+                                                       ("start", "torch", "model.safetensors"),
+                                                       ("check", "onnx", "model.safetensors"),
+                                                       ("start", "torch", "pytorch_model.bin")])
+def test_weights_cut_short_are_refused_at_once_in_one_line_naming_the_file(tiny_model, tmp_path, command, backend,
+                                                                           weights):
     """Once found by the ONNX export, or by each worker in turn with the torch backend (30 s)."""
     model = shutil.copytree(tiny_model, tmp_path / "model")
-    with open(model / "model.safetensors", "r+b") as handle:
+    if weights == "pytorch_model.bin":  # the tiny model's weights as torch.save writes them
+        import torch
+        from safetensors.torch import load_file
+        torch.save(load_file(model / "model.safetensors"), model / weights)
+        (model / "model.safetensors").unlink()
+    with open(model / weights, "r+b") as handle:
         handle.truncate(handle.seek(0, 2) - 100)
     finished = _run(command, model, tmp_path, "--backend", backend)
     assert finished.returncode == 2 and "Traceback" not in finished.stderr, finished.stderr[-3000:]
+    why = {"model.safetensors": "not readable as safetensors (Error while deserializing header: incomplete "
+                                "metadata, file not fully covered)",
+           "pytorch_model.bin": "cut short (a zip archive without its end record)"}[weights]
     assert finished.stderr.splitlines() == [
-        f"encoder-server: error: --model {model}: {model / 'model.safetensors'}: not readable as safetensors (Error "
-        "while deserializing header: incomplete metadata, file not fully covered); copy or download it again"]
+        f"encoder-server: error: --model {model}: {model / weights}: {why}; copy or download it again"]
 
 
 def mismatched_weights(tiny_model, tmp_path):

@@ -201,6 +201,24 @@ def test_a_tokenizer_json_cut_short_is_refused_at_once(tmp_path, text):
         resolve(model=str(folder))
 
 
+def test_a_torch_checkpoint_cut_short_is_refused_at_once(tmp_path):
+    """torch.save writes a zip archive; a copy cut short lacks the record that ends it. A checkpoint
+    in torch's older form (a bare pickle) is not checked."""
+    import zipfile
+    folder = plain_folder(tmp_path)
+    checkpoint = folder / "pytorch_model.bin"
+    checkpoint.write_bytes(b"\x80\x02a pickle, not a zip")
+    resolve(model=str(folder))
+    with zipfile.ZipFile(checkpoint, "w") as archive:
+        archive.writestr("archive/data.pkl", b"x" * 1000)
+    resolve(model=str(folder))
+    with open(checkpoint, "r+b") as handle:
+        handle.truncate(handle.seek(0, 2) - 10)
+    with pytest.raises(ConfigError, match=f"--model {re.escape(str(folder))}: {re.escape(str(checkpoint))}: cut "
+                                          "short \\(a zip archive without its end record\\)"):
+        resolve(model=str(folder))
+
+
 @pytest.mark.parametrize("name", ["tokenizer.json", "vocab.json", "sentencepiece.bpe.model", "spiece.model"])
 def test_any_file_a_tokenizer_is_built_from_will_do(tmp_path, name):
     folder = plain_folder(tmp_path)
