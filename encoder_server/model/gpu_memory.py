@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from .cuda_graphs import OUTPUT_BYTES
-from .model_folder import open_weights
+from .model_files import open_weights
 
 # a CUDA context with torch's kernels loaded, cuBLAS's workspace and the caching allocator's
 # rounding: a worker of a tiny model held 716 MiB on an H200 (torch 2.11, CUDA 13)

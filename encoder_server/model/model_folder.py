@@ -1,14 +1,11 @@
-"""What a Hugging Face / sentence-transformers model folder says about itself (its JSON files), and
-whether its tokenizer and weights files are there and whole.
+"""What a Hugging Face / sentence-transformers model folder says about itself (JSON files only).
 
 A sentence-transformers folder (format v2 to v6) lists its modules in `modules.json`. The server
 reproduces the stacks `Transformer, Pooling, [Dense | LayerNorm]..., [Normalize]` and a
 SparseEncoder's `Transformer (fill-mask) | MLMTransformer, SpladePooling`; any other module is a
 start-up error that names it, never something else served in its place.
 """
-import contextlib
 import json
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,10 +24,6 @@ _LEGACY_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "ma
                  "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
 _HEAD_KINDS = ("Dense", "LayerNorm")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-# what a tokenizer is built from: tokenizer.json, or the vocabulary files that transformers' tokenizer
-# classes name (vocab_files_names: WordPiece's vocab.txt, BPE's vocab.json and merges.txt,
-# SentencePiece's *.model...); each class that names another file (emoji.json...) names one of these too
-TOKENIZER_FILES = ("tokenizer.json", "*vocab*", "merges*", "*.model", "*.spm", "bpe.codes", "dict.txt")
 
 
 @dataclass(frozen=True)
@@ -94,8 +87,6 @@ def inspect_model_folder(path):
     hidden_size = config.get("hidden_size", config.get("dim"))
     if not isinstance(hidden_size, int):
         raise ConfigError(f"--model {path}: config.json names no hidden_size")
-    _check_tokenizer_files(path, transformer_path)
-    _check_weights(path, transformer_path)
     st_config = _read_json(transformer_path / "sentence_bert_config.json") or {}
     model_config = _read_json(path / "config_sentence_transformers.json") or {}
     prompts = model_config.get("prompts") or {}
@@ -107,67 +98,6 @@ def inspect_model_folder(path):
                      default_prompt_name=model_config.get("default_prompt_name"), vocab_size=config.get("vocab_size"),
                      **_classifier(config, model_config), **_stack_or_splade(path, modules, config, st_config,
                                                                               model_config))
-
-
-@contextlib.contextmanager
-def open_weights(file, context=""):
-    """A safetensors file opened to read its header (safetensors' safe_open, numpy tensors); a file
-    that cannot be, as a truncated copy cannot (safetensors checks that its header covers the whole
-    file), is a ConfigError that names it, after `context`, at start-up rather than in every worker."""
-    from safetensors import SafetensorError, safe_open
-    try:
-        weights = safe_open(file, "np")
-    except (SafetensorError, OSError) as error:
-        raise ConfigError(f"{context}{file}: not readable as safetensors ({error}); copy or download it "
-                          "again") from None
-    with weights:
-        yield weights
-
-
-def _check_weights(path, transformer_path):
-    """ConfigError for weights that are not whole: found here in milliseconds, where the ONNX export
-    or each worker in turn would find them (the torch backend: 3 starts of ~10 s each)."""
-    for file in sorted(transformer_path.glob("*.safetensors")):
-        with open_weights(file, f"--model {path}: "):
-            pass
-    for file in sorted(transformer_path.glob("*.bin")):
-        if _zip_cut_short(file):
-            raise ConfigError(f"--model {path}: {file}: cut short (a zip archive without its end record); copy "
-                              "or download it again")
-
-
-def _zip_cut_short(file):
-    """Whether a torch checkpoint in zip form (torch.save's since torch 1.6) lacks the record that
-    ends a zip archive, as a truncated copy does (only its last bytes are read). A checkpoint in
-    torch's older form, a bare pickle, is not checked."""
-    with open(file, "rb") as handle:
-        if handle.read(4) != b"PK\x03\x04":
-            return False
-    return not zipfile.is_zipfile(file)
-
-
-def _check_tokenizer_files(path, transformer_path):
-    """ConfigError for a folder that no tokenizer can be built from: without one, transformers builds
-    a tokenizer that knows only its special tokens, so every word would be [UNK] (the workers' own
-    check, model/tokenizer.py, is exact but needs transformers; this one needs no import)."""
-    if not any(next(transformer_path.glob(pattern), None) for pattern in TOKENIZER_FILES):
-        where = "" if transformer_path == path else f" (in {transformer_path.name}/)"
-        raise ConfigError(f"--model {path}: no tokenizer files{where}; it needs tokenizer.json or a vocabulary "
-                          "such as vocab.txt, else its tokenizer would know no words")
-    if _cut_short(transformer_path / "tokenizer.json"):
-        raise ConfigError(f"--model {path}: {transformer_path / 'tokenizer.json'} is cut short (its JSON object "
-                          "never ends): copy or download it again")
-
-
-def _cut_short(path):
-    """Whether a JSON file that is there ends before its closing brace, as a truncated copy does (its
-    last bytes are read, not the whole file: a tokenizer.json can take megabytes, and so would its
-    parse in the supervisor)."""
-    if not path.is_file():
-        return False
-    with open(path, "rb") as handle:
-        handle.seek(max(0, handle.seek(0, 2) - 64))
-        return not handle.read().rstrip().endswith(b"}")
 
 
 def _classifier(config, model_config):

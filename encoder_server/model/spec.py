@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from .backends import BACKENDS, default_backend
 from .cpus import usable_cpus
+from .model_files import check_model_files
 from .model_folder import ConfigError, default_model_path, inspect_model_folder
 from .pooling import MASKABLE, STRATEGIES, PoolingSpec
 
@@ -141,6 +142,7 @@ def resolve_spec(chosen):
     check_bounds(chosen)
     folder, served_name = locate_model(chosen.model, chosen.revision)
     info = inspect_model_folder(folder)
+    check_model_files(info.path, info.transformer_path)
     from_st = info.sentence_transformers
     if from_st and info.st_pooling is None and chosen.pooling_strategy is None:
         raise ConfigError(f"--model {info.path}: its pooling ({' + '.join(info.st_pooling_modes) or 'no mode'}) "
