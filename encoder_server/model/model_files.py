@@ -41,7 +41,7 @@ def _check_weights(path, transformer_path):
         with open_weights(file, f"--model {path}: "):
             pass
     for file in sorted(transformer_path.glob("*.bin")):
-        if _zip_cut_short(file):
+        if file.is_file() and _zip_cut_short(file):  # (a folder of that name is no checkpoint to check)
             raise ConfigError(f"--model {path}: {file}: cut short (a zip archive without its end record); copy "
                               "or download it again")
 

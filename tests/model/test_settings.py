@@ -207,6 +207,9 @@ def test_a_torch_checkpoint_cut_short_is_refused_at_once(tmp_path):
     import zipfile
     folder = plain_folder(tmp_path)
     checkpoint = folder / "pytorch_model.bin"
+    checkpoint.mkdir()  # no file at all: nothing to check, and no crash
+    resolve(model=str(folder))
+    checkpoint.rmdir()
     checkpoint.write_bytes(b"\x80\x02a pickle, not a zip")
     resolve(model=str(folder))
     with zipfile.ZipFile(checkpoint, "w") as archive:
