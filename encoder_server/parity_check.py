@@ -18,6 +18,7 @@ from encoder_client import EncoderClient
 
 from .model.quantization_check import neighbour_overlap, rank_correlation, row_cosine
 from .model.sample import SAMPLE as INT8_SAMPLE
+from .model.spec import BERT_AS_SERVICE_DEFAULTS, PLAIN_FOLDER_POOLING
 from .ports import free_port
 from .quickstart import wait_until_ready
 from .settings import resolve
@@ -91,7 +92,15 @@ def _check_embedder(settings, served):
     verdict = "same rows" if cosine.min() >= MIN_COSINE else f"DIFFERENT (below {MIN_COSINE})"
     print(f"row cosine against sentence-transformers over {len(sample)} texts: min {cosine.min():.7f}, "
           f"mean {cosine.mean():.7f}: {verdict}")
-    return 0 if cosine.min() >= MIN_COSINE else 1
+    if cosine.min() >= MIN_COSINE:
+        return 0
+    if settings.pooling_source == BERT_AS_SERVICE_DEFAULTS and settings.pooling != PLAIN_FOLDER_POOLING:
+        # the rows differ by a choice, not an error: say which, and how to match sentence-transformers
+        print(f"  {settings.model} has no sentence-transformers config: the server pools "
+              f"{settings.pooling.describe()} (bert-as-service's defaults, unless chosen), where sentence-transformers "
+              f"pools {PLAIN_FOLDER_POOLING.describe()}; start with --pooling-layer -1 "
+              "--pooling-strategy mean to serve what sentence-transformers computes")
+    return 1
 
 
 def _check_reranker(settings, served):

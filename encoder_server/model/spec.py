@@ -131,6 +131,12 @@ class ModelSpec:
         return self.head[-1].out_features if self.head else self.pooling.output_width(self.hidden_size)
 
 
+FROM_SENTENCE_TRANSFORMERS = "sentence-transformers config"
+BERT_AS_SERVICE_DEFAULTS = "bert-as-service defaults"  # a folder without one: mean over layer -2, as bert-as-service
+# what sentence-transformers does with such a folder: mean over the last layer, nothing after it
+PLAIN_FOLDER_POOLING = PoolingSpec("mean", (-1,))
+
+
 def choices_of(spec_class):
     """The fields of a ModelSpec (or Settings) class that the user chooses."""
     return tuple(f for f in fields(spec_class) if "help" in f.metadata)
@@ -153,7 +159,7 @@ def resolve_spec(chosen):
         pooling_strategy=chosen.pooling_strategy or (info.st_pooling if from_st else "mean"),
         pooling_layer=tuple(chosen.pooling_layer or ([-1] if from_st else [-2])),
         normalize=info.st_normalize if chosen.normalize is None else chosen.normalize,
-        pooling_source="sentence-transformers config" if from_st else "bert-as-service defaults",
+        pooling_source=FROM_SENTENCE_TRANSFORMERS if from_st else BERT_AS_SERVICE_DEFAULTS,
         include_prompt=info.st_include_prompt, prompts={**info.prompts, **(chosen.prompts or {})},
         default_prompt_name=unless_chosen(chosen.default_prompt_name, info.default_prompt_name),
         # a CrossEncoder or SparseEncoder folder has no Pooling, but sentence-transformers reads its max_seq_length too

@@ -154,6 +154,24 @@ def test_check_compares_the_service_with_sentence_transformers(encoders, tmp_pat
     assert "sentence-transformers gives 16 floats per embedding; the server 64" in different.stdout
 
 
+def test_check_of_a_folder_without_sentence_transformers_config_says_which_pooling_differs(tiny_model, capsys):
+    """A plain Hugging Face folder is served with bert-as-service's pooling (layer -2), which
+    sentence-transformers does not use: check's verdict says so and names the flags that match it.
+    The rows are the in-process embedder's, which the service serves (test_embedder.py)."""
+    from encoder_server.model import load
+    from encoder_server.parity_check import SAMPLE, _check_embedder
+    from encoder_server.settings import resolve
+
+    defaults = resolve(model=str(tiny_model))
+    assert _check_embedder(defaults, load(str(tiny_model)).embed_texts(SAMPLE)) == 1
+    said = capsys.readouterr().out
+    assert "DIFFERENT" in said and "no sentence-transformers config" in said, said
+    assert "pools mean over layer(s) -2 (bert-as-service's defaults" in said and "--pooling-layer -1" in said, said
+    last_layer = resolve(model=str(tiny_model), pooling_layer=[-1])
+    assert _check_embedder(last_layer, load(str(tiny_model), pooling_layer=[-1]).embed_texts(SAMPLE)) == 0
+    assert "same rows" in capsys.readouterr().out
+
+
 def test_check_with_int8_reports_what_int8_costs_against_sentence_transformers_fp32(encoders, tmp_path):
     import re
     import subprocess
