@@ -60,6 +60,7 @@ class _Server:
     """A server process group: started in __enter__, ready-checked, stopped in __exit__. Its output goes
     to `log_path`; without a log folder, to a temporary file that is removed unless the start failed."""
     name = "server"
+    last_probe = None  # what the last readiness check saw that was not ready, for the error if none passes
 
     def _place_log(self, log_dir, name):
         """Set `log_path`: NAME.log in `log_dir`, or without one a temporary file."""
@@ -80,7 +81,8 @@ class _Server:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self._temporary_log = False
                 self.__exit__()
-                raise RuntimeError(f"{self.name} did not start; see {self.log_path}")
+                last = f" (the last probe: {self.last_probe})" if self.last_probe else ""
+                raise RuntimeError(f"{self.name} did not start{last}; see {self.log_path}")
             time.sleep(0.5)
         self.rss = RssSampler(self.process.pid)
         return self
@@ -115,9 +117,14 @@ class Service(_Server):
         from encoder_client import EncoderClient
         try:
             with EncoderClient("127.0.0.1", self.port, self.port_out, timeout=2) as probe:
-                return probe.server_status["ready"]
-        except TimeoutError:
+                status = probe.server_status
+        except TimeoutError as error:
+            self.last_probe = str(error)
             return False
+        if not status["ready"]:
+            self.last_probe = (f"answered, not ready: {status['workers_alive']} of {status['workers_expected']} "
+                               f"workers alive, {status['workers_remote']} of them remote")
+        return status["ready"]
 
     def client(self):
         from encoder_client import EncoderClient

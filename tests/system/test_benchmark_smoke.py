@@ -128,3 +128,11 @@ def test_hops_times_zeromq_and_a_bare_socket_between_two_processes():
     assert all(value > 0 for value in figures.values()), figures
     # a round trip waits for another process to answer: it cannot be as quick as handing a message on
     assert figures["round_trip_us"] > figures["send_back_to_back_us"], figures
+
+
+def test_a_service_that_does_not_start_is_reported_with_what_its_last_probe_saw(tmp_path):
+    from benchmark.engines import Service
+    with pytest.raises(RuntimeError, match=r"did not start \(the last probe: no answer from an encoder-server at "
+                                           r"tcp://127\.0\.0\.1:\d+ within 2s.*\); see .*bench-\d+\.log"):
+        with Service("no such model", model=tmp_path / "missing", log_dir=tmp_path):
+            pass
