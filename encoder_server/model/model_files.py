@@ -65,8 +65,8 @@ def _check_tokenizer_files(path, transformer_path):
         raise ConfigError(f"--model {path}: no tokenizer files{where}; it needs tokenizer.json or a vocabulary "
                           "such as vocab.txt, else its tokenizer would know no words")
     if _cut_short(transformer_path / "tokenizer.json"):
-        raise ConfigError(f"--model {path}: {transformer_path / 'tokenizer.json'} is cut short (its JSON object "
-                          "never ends): copy or download it again")
+        raise ConfigError(f"--model {path}: {transformer_path / 'tokenizer.json'}: cut short (its JSON object "
+                          "never ends); copy or download it again")
 
 
 def _cut_short(path):

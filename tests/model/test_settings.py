@@ -197,7 +197,8 @@ def test_a_tokenizer_json_cut_short_is_refused_at_once(tmp_path, text):
     folder = plain_folder(tmp_path)
     write(folder / "tokenizer.json", text)
     with pytest.raises(ConfigError, match=f"--model {re.escape(str(folder))}: {re.escape(str(folder))}/tokenizer"
-                                          "\\.json is cut short \\(its JSON object never ends\\)"):
+                                          "\\.json: cut short \\(its JSON object never ends\\); copy or "
+                                          "download it again"):
         resolve(model=str(folder))
 
 
