@@ -12,18 +12,21 @@ SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The 
 
 
 def wait_until_ready(server, timeout=180, **address):
-    deadline = time.monotonic() + timeout
+    deadline, seen = time.monotonic() + timeout, "no answer"
     while time.monotonic() < deadline:
         if server.poll() is not None:
             sys.exit(f"the server exited with code {server.returncode}")
         try:
             with EncoderClient(timeout=2, **address) as client:
-                if client.server_status["ready"]:
-                    return
+                status = client.server_status
         except TimeoutError:
-            pass
+            seen = "no answer"
+        else:
+            if status["ready"]:
+                return
+            seen = f"{status['workers_alive']} of {status['workers_expected']} workers ready"
         time.sleep(0.5)
-    sys.exit("the server did not become ready in time")
+    sys.exit(f"the server did not become ready within {timeout:g} s (the last check: {seen})")
 
 
 def main():

@@ -109,3 +109,16 @@ def test_keygen_keeps_an_existing_pair(tmp_path):
     (tmp_path / "server.key_secret").write_text("damaged")
     damaged = keygen()
     assert damaged.returncode == 2 and "error" in damaged.stderr and "Traceback" not in damaged.stderr
+
+
+def test_waiting_for_a_server_that_never_answers_says_what_it_saw(tmp_path):
+    """check and the quickstart wait for the server they start; one that never gets ready is named
+    with what the last look at it saw, not only "not in time"."""
+    from encoder_server.quickstart import wait_until_ready
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(SystemExit, match=r"did not become ready within 3 s \(the last check: no answer\)"):
+            wait_until_ready(silent, timeout=3, port=free_port(), port_out=free_port())
+    finally:
+        silent.kill()
+        silent.wait()
