@@ -20,11 +20,14 @@ no other runs and nothing else waits is alone: when this process has every core 
 runs on the Embedder's lone session, which has them all. The batching logic is in batching.py;
 the model is an Embedder (encoder_server.model).
 
-A heartbeat carries the metrics recorded since the last one. The worker falls silent, and so is
-replaced, when a stage has been stuck on one step for STALL_LIMIT. When it has not heard the
-ventilator for HEARTBEAT_LIVENESS intervals (a server restart, a broken network), it connects
-again and says READY anew, as in the ZeroMQ Guide's Paranoid Pirate.
+No thread polls for work: a job wakes the thread that takes it, a report (Dropped, Refused)
+wakes intake, and stop wakes them all (`wake_on_stop`), so an idle worker wakes about twice a
+second, for the heartbeats. A heartbeat carries the metrics recorded since the last one. The
+worker falls silent, and so is replaced, when a stage has been stuck on one step for STALL_LIMIT.
+When it has not heard the ventilator for HEARTBEAT_LIVENESS intervals (a server restart, a broken
+network), it connects again and says READY anew, as in the ZeroMQ Guide's Paranoid Pirate.
 """
+import contextlib
 import os
 import queue
 import socket
@@ -48,6 +51,9 @@ from .metrics import Metrics
 from .sockets import LINGER_MS, POLL_MS, let_queued_messages_out, make_socket, send_frames, waiting
 
 STALL_LIMIT = 120.0
+# the longest a thread waiting for work sleeps: new work and stop wake it at once (an idle worker's
+# seven-odd threads each waking 10 times a second cost it about 8 ms of CPU a second)
+IDLE_WAIT_S = 1.0
 EXPRESS = "express"
 WARMUP_TEXTS = ["warm up the model", "a second, somewhat longer sentence to warm up the model"]
 
@@ -72,6 +78,7 @@ class Worker:
         self.batch_wait_s = settings.batch_wait_ms / 1000
         self.received = queue.SimpleQueue()  # (job, monotonic arrival), from intake to prefetch
         self.outbox = queue.SimpleQueue()    # Dropped, Refused and Ready messages, for intake to send
+        self.intake_wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # (read, write): a byte wakes intake
         # one lock over the planner and `running`, two conditions on it, so that a job wakes the lane
         # that will take it: the express lane only while every other lane runs bulk work
         lock = threading.Lock()
@@ -86,14 +93,23 @@ class Worker:
     # ----- intake: the jobs socket -----
 
     def intake(self):
+        """Sleeps until a message, a report (`report`) or stop, or until its next heartbeat is due."""
         jobs = self.connect_jobs()
         heard = next_beat = time.monotonic()
+        poller = zmq.Poller()
+        for sock in (jobs, self.intake_wake[0]):
+            poller.register(sock, zmq.POLLIN)
         try:
             while not self.stop.is_set():
-                if jobs.poll(POLL_MS):
+                due_ms = (next_beat - time.monotonic()) * 1000
+                events = dict(poller.poll(due_ms if due_ms > 0 else POLL_MS))  # overdue: while stalled
+                if jobs in events:
                     for frames in waiting(jobs):
                         heard = time.monotonic()
                         self.on_message(frames, heard)
+                if self.intake_wake[0] in events:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.intake_wake[0], 4096)
                 self.send_outbox(jobs)
                 if time.monotonic() >= next_beat and not self.stalled():
                     jobs.send_multipart(messages.Heartbeat(self.metrics.take()).frames())
@@ -101,8 +117,10 @@ class Worker:
                 if time.monotonic() - heard > HEARTBEAT_INTERVAL * HEARTBEAT_LIVENESS and not self.stalled():
                     self.log.warning("no heartbeat from the ventilator in %.0fs; connecting again",
                                      time.monotonic() - heard)
+                    poller.unregister(jobs)
                     jobs.close(linger=0)
                     jobs, heard = self.connect_jobs(), time.monotonic()
+                    poller.register(jobs, zmq.POLLIN)
         except Exception:
             self.fail("intake")
         finally:
@@ -129,7 +147,16 @@ class Worker:
                     self.received.put((job, arrived))
         elif isinstance(message, messages.Who):
             self.log.info("the ventilator does not know this worker (it restarted); saying READY again")
-            self.outbox.put(self.ready())
+            self.report(self.ready())
+
+    def report(self, message):
+        """Have intake send `message` to the ventilator now, whichever thread calls."""
+        self.outbox.put(message)
+        self.wake_intake()
+
+    def wake_intake(self):
+        with contextlib.suppress(BlockingIOError):  # full: intake has wake-ups enough to read
+            os.write(self.intake_wake[1], b"\0")
 
     def send_outbox(self, jobs):
         while not self.outbox.empty():
@@ -146,9 +173,12 @@ class Worker:
         try:
             while not self.stop.is_set():
                 try:
-                    job, arrived = self.received.get(timeout=POLL_MS / 1000)
+                    received = self.received.get(timeout=IDLE_WAIT_S)
                 except queue.Empty:
                     continue
+                if received is None:  # wake_on_stop's
+                    break
+                job, arrived = received
                 self.busy_since[stage] = time.monotonic()
                 self.take(job, arrived)
                 del self.busy_since[stage]
@@ -157,7 +187,7 @@ class Worker:
 
     def take(self, job, arrived):
         if job.spent(arrived, time.monotonic()):
-            self.outbox.put(messages.Dropped(job.job_id))
+            self.report(messages.Dropped(job.job_id))
             return
         fault_injection.inject(job.texts)
         try:
@@ -165,15 +195,15 @@ class Worker:
                 self.model.tokenize(job.texts, job.is_tokenized, job.with_tokens, job.prompt, job.query)
         except Exception as error:  # the intake's checks should make this impossible; never die of it
             self.log.exception("could not tokenize job %d", job.job_id)
-            self.outbox.put(messages.Refused(job.job_id, f"texts {job.offset} to {job.offset + len(job.texts) - 1} "
-                                                         f"could not be tokenized: {error}", BAD_REQUEST))
+            self.report(messages.Refused(job.job_id, f"texts {job.offset} to {job.offset + len(job.texts) - 1} "
+                                                     f"could not be tokenized: {error}", BAD_REQUEST))
             return
         if encoding.truncated and not job.truncate:
             index = min(encoding.truncated)
-            self.outbox.put(messages.Refused(job.job_id, f"texts[{job.offset + index}] has more than "
-                                                         f"{self.model.tokenizer.truncate_at} tokens, the "
-                                                         "server's limit (max_seq_len); shorten it, allow "
-                                                         "truncation, or embed it whole (long_texts=chunk)"))
+            self.report(messages.Refused(job.job_id, f"texts[{job.offset + index}] has more than "
+                                                     f"{self.model.tokenizer.truncate_at} tokens, the "
+                                                     "server's limit (max_seq_len); shorten it, allow "
+                                                     "truncation, or embed it whole (long_texts=chunk)"))
             return
         self.metrics.count_truncated(len(encoding.truncated))
         with self.buffered:
@@ -238,7 +268,7 @@ class Worker:
 
     def _next_pass(self, express=False):
         """(the next pass, its kind, whether it is alone), or (None, None, False) when there is none
-        to run in a poll interval. A lane takes small requests' rows first, then bulk rows; the
+        to run within IDLE_WAIT_S. A lane takes small requests' rows first, then bulk rows; the
         express lane takes small requests' rows, only while every other lane runs a bulk pass."""
         def ready_kind():
             if express:
@@ -249,7 +279,7 @@ class Worker:
         wake = self.express_wake if express else self.buffered
         with self.buffered:
             # with a batch wait, wake up in time to run rows whose wait is over
-            timeout = min(POLL_MS / 1000, self.batch_wait_s or POLL_MS / 1000)
+            timeout = min(IDLE_WAIT_S, self.batch_wait_s or IDLE_WAIT_S)
             if not wake.wait_for(lambda: ready_kind() or self.stop.is_set(), timeout=timeout) or self.stop.is_set():
                 return None, None, False
             kind = ready_kind()
@@ -261,6 +291,16 @@ class Worker:
             if kind == BULK and self.all_lanes_on_bulk() and self.planner.has(PRIORITY):
                 self.express_wake.notify()
             return batch, kind, alone
+
+    def wake_on_stop(self, prefetchers):
+        """Once `stop` is set, wake the threads that wait for work, so that none sleeps out IDLE_WAIT_S."""
+        self.stop.wait()
+        self.wake_intake()
+        for _ in range(prefetchers):
+            self.received.put(None)
+        with self.buffered:
+            self.buffered.notify_all()
+            self.express_wake.notify_all()
 
     def all_lanes_on_bulk(self):
         """Whether every lane but the express lane runs a bulk pass (under `buffered`)."""
@@ -286,7 +326,8 @@ def run_worker(settings, endpoints, index, remote=False, alone_on_host=False, st
     _report_start(started, None)
     lanes = [f"lane-{number}" for number in range(1, settings.lanes)] + [EXPRESS]
     prefetch = [f"prefetch-{number}" for number in range(settings.tokenizer_threads)]
-    threads = [threading.Thread(target=worker.intake, name="intake", daemon=True),
+    threads = [threading.Thread(target=worker.wake_on_stop, args=(len(prefetch),), name="stop", daemon=True),
+               threading.Thread(target=worker.intake, name="intake", daemon=True),
                *(threading.Thread(target=worker.prefetch, args=(stage,), name=stage, daemon=True)
                  for stage in prefetch),
                *(threading.Thread(target=worker.compute, args=(lane,), name=lane, daemon=True) for lane in lanes)]

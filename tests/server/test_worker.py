@@ -2,15 +2,18 @@
 lane that will run it, and the express lane runs small requests' rows only while every other lane
 is on a bulk pass. The model's forward pass is held while the test says so, so that the test, not
 the clock, decides when a bulk pass ends."""
+import contextlib
 import itertools
 import logging
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
 
-from conftest import wait_for
+from conftest import settled_status, wait_for
 from encoder_server.server import messages
 from encoder_server.server.sockets import WorkerEndpoints
 from encoder_server.server.worker import EXPRESS, Worker
@@ -132,3 +135,27 @@ def test_jobs_are_tokenized_on_as_many_threads_as_asked(tiny_model):
     worker.model.tokenize = tokenize
     for job_id, rows in finished.items():
         np.testing.assert_allclose(rows, worker.model.embed_texts(texts[job_id]), atol=1e-6)
+
+
+def _voluntary_switches(pid):
+    """How often the threads of process `pid` have blocked so far (each wake-up from a wait is one)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            status = (task / "status").read_text()
+            total += int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+    return total
+
+
+def test_an_idle_worker_sleeps_until_work_or_stop_wakes_it(tiny_server):
+    """tiny_server's workers have 7 threads each that wait for work. Waking every 100 ms to look
+    for it (about 90 wake-ups a second in all, 8 ms of CPU a second per idle worker) is not
+    needed: a job, a report to send and stop each wake the thread concerned, and the heartbeats
+    keep intake busy once a second."""
+    with tiny_server.client() as client:
+        settled_status(client)
+    pids = tiny_server.worker_pids()
+    before = {pid: _voluntary_switches(pid) for pid in pids}
+    time.sleep(3)
+    rates = {pid: (_voluntary_switches(pid) - before[pid]) / 3 for pid in pids}
+    assert len(rates) == 2 and all(rate < 40 for rate in rates.values()), rates
