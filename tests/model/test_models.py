@@ -148,10 +148,20 @@ def test_check_compares_the_service_with_sentence_transformers(encoders, tmp_pat
     same = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert same.returncode == 0, same.stderr
     assert "16 floats per embedding" in same.stdout and "same rows" in same.stdout
-    different = subprocess.run(command + ["--pooling-strategy", "mean_max"], capture_output=True, text=True,
-                               timeout=300, env=env)
-    assert different.returncode == 1
-    assert "sentence-transformers gives 16 floats per embedding; the server 64" in different.stdout
+
+
+def test_check_says_when_the_served_width_is_not_sentence_transformers(encoders, tmp_path, capsys):
+    """The verdict on rows the server computes with another pooling than the folder's (the in-process
+    embedder's rows, which the service serves: test_embedder.py)."""
+    from encoder_server.model import load
+    from encoder_server.parity_check import SAMPLE, _check_embedder
+    from encoder_server.settings import resolve
+
+    folder = str(save_sentence_transformer(encoders["roberta"], tmp_path / "st", pooling="cls",
+                                           dense=(16, torch.nn.Tanh())))
+    served = load(folder, pooling_strategy="mean_max").embed_texts(SAMPLE)
+    assert _check_embedder(resolve(model=folder, pooling_strategy="mean_max"), served) == 1
+    assert "sentence-transformers gives 16 floats per embedding; the server 64" in capsys.readouterr().out
 
 
 def test_check_of_a_folder_without_sentence_transformers_config_says_which_pooling_differs(tiny_model, capsys):
