@@ -15,6 +15,7 @@ import zmq
 
 from conftest import settled_status, wait_for
 from encoder_server.server import messages
+from encoder_server.server import worker as worker_module
 from encoder_server.server.sockets import WorkerEndpoints
 from encoder_server.server.worker import EXPRESS, Worker
 from encoder_server.settings import resolve
@@ -44,7 +45,7 @@ class HeldWorker:
             return model_run(inputs, alone=alone)
 
         self.worker.model.run = run
-        self.threads = [threading.Thread(target=self.worker.compute, args=(lane,), name=lane)
+        self.threads = [threading.Thread(target=self.worker.compute, args=(lane,), name=lane, daemon=True)
                         for lane in ("lane-0", EXPRESS)]
         for thread in self.threads:
             thread.start()
@@ -159,3 +160,23 @@ def test_an_idle_worker_sleeps_until_work_or_stop_wakes_it(tiny_server):
     time.sleep(3)
     rates = {pid: (_voluntary_switches(pid) - before[pid]) / 3 for pid in pids}
     assert len(rates) == 2 and all(rate < 40 for rate in rates.values()), rates
+
+
+def test_stop_wakes_the_threads_that_wait_for_work(tiny_model, monkeypatch):
+    """Waiting lanes and tokenizing threads end on stop because stop wakes them: here no wait of
+    theirs would end by itself within the test."""
+    monkeypatch.setattr(worker_module, "IDLE_WAIT_S", 3600)
+    held = HeldWorker(tiny_model)  # its lane-0 and express lane wait for work
+    waiting = [threading.Thread(target=held.worker.prefetch, args=(f"prefetch-{number}",), daemon=True)
+               for number in range(2)]
+    waiting.append(threading.Thread(target=held.worker.wake_on_stop, args=(2,), daemon=True))
+    for thread in waiting:
+        thread.start()
+    try:
+        time.sleep(0.5)  # so that each is in its wait, not before it, when stop comes
+        held.stop.set()
+        for thread in [*waiting, *held.threads]:
+            thread.join(10)
+        assert not [thread.name for thread in [*waiting, *held.threads] if thread.is_alive()]
+    finally:
+        held.close()
