@@ -176,7 +176,8 @@ class Worker:
                     received = self.received.get(timeout=IDLE_WAIT_S)
                 except queue.Empty:
                     continue
-                if received is None:  # wake_on_stop's
+                if received is None:  # wake_on_stop's: passed on to the next tokenizing thread
+                    self.received.put(None)
                     break
                 job, arrived = received
                 self.busy_since[stage] = time.monotonic()
@@ -292,12 +293,11 @@ class Worker:
                 self.express_wake.notify()
             return batch, kind, alone
 
-    def wake_on_stop(self, prefetchers):
+    def wake_on_stop(self):
         """Once `stop` is set, wake the threads that wait for work, so that none sleeps out IDLE_WAIT_S."""
         self.stop.wait()
         self.wake_intake()
-        for _ in range(prefetchers):
-            self.received.put(None)
+        self.received.put(None)
         with self.buffered:
             self.buffered.notify_all()
             self.express_wake.notify_all()
@@ -326,7 +326,7 @@ def run_worker(settings, endpoints, index, remote=False, alone_on_host=False, st
     _report_start(started, None)
     lanes = [f"lane-{number}" for number in range(1, settings.lanes)] + [EXPRESS]
     prefetch = [f"prefetch-{number}" for number in range(settings.tokenizer_threads)]
-    threads = [threading.Thread(target=worker.wake_on_stop, args=(len(prefetch),), name="stop", daemon=True),
+    threads = [threading.Thread(target=worker.wake_on_stop, name="stop", daemon=True),
                threading.Thread(target=worker.intake, name="intake", daemon=True),
                *(threading.Thread(target=worker.prefetch, args=(stage,), name=stage, daemon=True)
                  for stage in prefetch),

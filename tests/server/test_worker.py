@@ -169,7 +169,7 @@ def test_stop_wakes_the_threads_that_wait_for_work(tiny_model, monkeypatch):
     held = HeldWorker(tiny_model)  # its lane-0 and express lane wait for work
     waiting = [threading.Thread(target=held.worker.prefetch, args=(f"prefetch-{number}",), daemon=True)
                for number in range(2)]
-    waiting.append(threading.Thread(target=held.worker.wake_on_stop, args=(2,), daemon=True))
+    waiting.append(threading.Thread(target=held.worker.wake_on_stop, daemon=True))
     for thread in waiting:
         thread.start()
     try:
