@@ -302,6 +302,12 @@ class Worker:
             self.buffered.notify_all()
             self.express_wake.notify_all()
 
+    def close(self):
+        """Close intake's wake-up pipe, once no thread of this worker runs (a thread still writing
+        could reach whatever file next takes the number)."""
+        for fd in self.intake_wake:
+            os.close(fd)
+
     def all_lanes_on_bulk(self):
         """Whether every lane but the express lane runs a bulk pass (under `buffered`)."""
         return self.running[BULK] >= self.lanes
@@ -346,8 +352,9 @@ def run_worker(settings, endpoints, index, remote=False, alone_on_host=False, st
         stop.set()
         for thread in reversed(threads):
             thread.join(timeout=10)
-        if not any(thread.is_alive() for thread in threads):  # else a socket may still be in use
+        if not any(thread.is_alive() for thread in threads):  # else a socket or the pipe may still be in use
             let_queued_messages_out()
+            worker.close()
     if worker.failed:
         raise SystemExit(1)
     log.info("stopped")
