@@ -21,11 +21,12 @@ runs on the Embedder's lone session, which has them all. The batching logic is i
 the model is an Embedder (encoder_server.model).
 
 No thread polls for work: a job wakes the thread that takes it, a report (Dropped, Refused)
-wakes intake, and stop wakes them all (`wake_on_stop`), so an idle worker wakes about twice a
-second, for the heartbeats. A heartbeat carries the metrics recorded since the last one. The
-worker falls silent, and so is replaced, when a stage has been stuck on one step for STALL_LIMIT.
-When it has not heard the ventilator for HEARTBEAT_LIVENESS intervals (a server restart, a broken
-network), it connects again and says READY anew, as in the ZeroMQ Guide's Paranoid Pirate.
+wakes intake, and stop wakes them all (`wake_on_stop`); an idle worker's threads wake only for
+the heartbeats and once each IDLE_WAIT_S, a safety net. A heartbeat carries the metrics recorded
+since the last one. The worker falls silent, and so is replaced, when a stage has been stuck on
+one step for STALL_LIMIT. When it has not heard the ventilator for HEARTBEAT_LIVENESS intervals
+(a server restart, a broken network), it connects again and says READY anew, as in the ZeroMQ
+Guide's Paranoid Pirate.
 """
 import contextlib
 import os

@@ -189,15 +189,15 @@ def test_a_closed_worker_leaves_its_wake_up_pipe_closed(tiny_model):
     """Once its threads have ended and it is closed, no descriptor of this process is left on the
     pipe that woke the worker's intake: a process that makes worker after worker does not run out."""
     held = HeldWorker(tiny_model)
-    pipe = {os.readlink(f"/proc/self/fd/{fd}") for fd in held.worker.intake_wake}  # "pipe:[inode]"
+    pipe = {_open_files()[fd] for fd in held.worker.intake_wake}  # "pipe:[inode]"
     held.close()
-    assert not pipe & set(_open_files())
+    assert not pipe & set(_open_files().values())
 
 
 def _open_files():
-    """What each open descriptor of this process is ("pipe:[inode]", a path, ...)."""
-    files = []
+    """{descriptor: what it is ("pipe:[inode]", a path, ...)} of this process."""
+    files = {}
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):  # the listing's own, closed by now
-            files.append(os.readlink(f"/proc/self/fd/{fd}"))
+            files[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
     return files
