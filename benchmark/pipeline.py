@@ -51,22 +51,61 @@ def measure(model=None, flags=(), cells=CELLS, seconds=5.0, repeats=3, loaders=2
 
 def closed_loop(port, port_out, clients, batch, seconds, loaders, server_pid=None, warmup=1.0):
     """{texts_per_s, requests_per_s, p50_ms, p99_ms, cpu_us_per_request: {stage: µs}} of `clients`
-    closed-loop clients spread over `loaders` processes (the stages' CPU needs the server's pid)."""
+    closed-loop clients spread over `loaders` processes (the stages' CPU needs the server's pid).
+    The window opens `warmup` seconds after the last client has connected and sent its first request."""
     loaders = max(1, min(loaders, clients))
     context = multiprocessing.get_context("spawn")
-    start = time.time() + warmup + 2.0  # spawned interpreters need a moment to start
-    window = (start, start + seconds)
-    cpu = StageClock(server_pid, window)
-    with context.Pool(loaders) as pool:
+    with context.Manager() as manager, context.Pool(loaders) as pool:
+        start = Start(manager, clients)
         shares = [clients * i // loaders for i in range(loaders + 1)]
-        results = pool.starmap(_load, [(port, port_out, high - low, low, batch, window)
-                                       for low, high in zip(shares, shares[1:])])
+        pending = pool.starmap_async(_load, [(port, port_out, high - low, low, batch, start)
+                                             for low, high in zip(shares, shares[1:])])
+        window = start.open(warmup, seconds)
+        cpu = StageClock(server_pid, window) if window else None
+        # raises the loaders' error if a client failed before the window opened
+        results = pending.get(timeout=STARTUP_S + warmup + seconds + 60)
     latencies = sorted(latency for result in results for latency in result)
     requests = len(latencies)
     return {"texts_per_s": requests * batch / seconds, "requests_per_s": requests / seconds,
             "p50_ms": 1000 * latencies[requests // 2] if latencies else float("nan"),
             "p99_ms": 1000 * latencies[min(requests - 1, requests * 99 // 100)] if latencies else float("nan"),
             "cpu_us_per_request": {stage: 1e6 * spent / max(1, requests) for stage, spent in cpu.spent().items()}}
+
+
+STARTUP_S = 60.0  # the longest wait for every loader and client to be connected and warm
+
+
+class Start:
+    """The moment every client is ready, shared by the loaders and this process: each client waits at
+    `ready` once connected and warm; this process then fixes the window and lets them go."""
+
+    def __init__(self, manager, clients):
+        self.ready = manager.Barrier(clients + 1, timeout=STARTUP_S)
+        self.go = manager.Event()
+        self.shared = manager.dict()
+
+    def open(self, warmup, seconds):
+        """(start, end) of the window once every client is ready; None if one failed before (the
+        loaders then report why)."""
+        try:
+            self.ready.wait()
+        except threading.BrokenBarrierError:
+            return None
+        begin = time.time() + warmup
+        self.shared["window"] = (begin, begin + seconds)
+        self.go.set()
+        return self.shared["window"]
+
+    def wait(self):
+        """The window, once every client is ready (a client calls this when it is)."""
+        self.ready.wait()
+        if not self.go.wait(STARTUP_S):
+            raise TimeoutError("the benchmark's window never opened")
+        return self.shared["window"]
+
+    def abandon(self):
+        """Lets the others stop waiting: this client will never be ready."""
+        self.ready.abort()
 
 
 class StageClock:
@@ -126,9 +165,9 @@ def _stage(process):
     return "workers" if "worker-" in name else name if name in ("ventilator", "sink") else "other"
 
 
-def _load(port, port_out, clients, first, batch, window):
+def _load(port, port_out, clients, first, batch, start):
     """One loader process: `clients` threads, each a sync client; the latencies of the requests
-    that finished inside `window` (wall-clock start and end)."""
+    that finished inside the window that `start` opens once every client is ready."""
     from encoder_client import EncoderClient
     texts = corpus.texts("short", 4096)
     latencies, errors = [], []
@@ -138,6 +177,7 @@ def _load(port, port_out, clients, first, batch, window):
             with EncoderClient("127.0.0.1", port, port_out, timeout=60) as client:
                 offset = index * batch
                 client.encode(texts[:batch])  # connected and warm
+                window = start.wait()
                 while time.time() < window[1]:
                     sent = time.perf_counter()
                     client.encode([texts[(offset + i) % len(texts)] for i in range(batch)])
@@ -146,6 +186,7 @@ def _load(port, port_out, clients, first, batch, window):
                     if window[0] <= finished <= window[1]:
                         latencies.append(time.perf_counter() - sent)
         except Exception as error:  # reported by the caller
+            start.abandon()
             errors.append(error)
 
     threads = [threading.Thread(target=user, args=(first + i,), daemon=True) for i in range(clients)]
