@@ -1,5 +1,5 @@
 """The server's processes: what every child of the supervisor does first (logging, signals, dying
-with its parent), and what a parent of spawned children does last (reaping the resource tracker)."""
+with its parent), and what a process that spawned children does last (reaping the resource tracker)."""
 import ctypes
 import multiprocessing
 import os
@@ -27,9 +27,10 @@ def start_child(name, verbose):
 
 
 def reap_resource_tracker():
-    """Stop multiprocessing's resource tracker, which the first spawned child started, and wait for
-    it: once every child has stopped it has nothing left to track, and left alone it would outlive
-    us as an orphan for init to reap (a leftover of the process group for a moment or more)."""
+    """Stop multiprocessing's resource tracker, which the first spawned process started (a remote
+    worker's workers, the supervisor's model preparation), and wait for it: once every child has
+    stopped it has nothing left to track, and left alone it would outlive us as an orphan for init
+    to reap (a leftover of the process group for a moment or more)."""
     from multiprocessing import resource_tracker
 
     stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # CPython 3.8 and later

@@ -41,6 +41,8 @@ def join_server(args):
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
+    # spawned, not forked as the supervisor's are: asking the server for its config left this process
+    # a zmq context, whose I/O threads do not survive a fork (a child would get its locks, not them)
     pool = WorkerPool(multiprocessing.get_context("spawn"), [settings], endpoints, remote=True)
     try:
         while not stop.is_set():

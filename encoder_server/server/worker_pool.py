@@ -27,10 +27,10 @@ def restart_pause(quick_deaths):
     return 0.0 if quick_deaths <= 1 else min(0.5 * 2 ** (quick_deaths - 2), MAX_RESTART_PAUSE)
 
 
-def start_process(spawn, target, name, *args):
-    """Start a child; it inherits ignored SIGINT and SIGTERM through spawn's exec, so that a signal
-    to the whole process group is the supervisor's alone to act on (see processes.start_child)."""
-    process = spawn.Process(target=target, args=args, name=name)
+def start_process(context, target, name, *args):
+    """Start a child in a multiprocessing `context`; it inherits ignored SIGINT and SIGTERM, so that a
+    signal to the whole process group is the supervisor's alone to act on (see processes.start_child)."""
+    process = context.Process(target=target, args=args, name=name)
     previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         process.start()
@@ -57,10 +57,10 @@ def stop_process(process, timeout=STOP_TIMEOUT):
 
 
 class WorkerPool:
-    def __init__(self, spawn, models, endpoints, remote=False):
+    def __init__(self, context, models, endpoints, remote=False):
         """`models`: each served model's Settings, whose num_worker workers the pool runs (numbered on
         across the models, in order)."""
-        self.spawn, self.endpoints, self.remote = spawn, endpoints, remote
+        self.context, self.endpoints, self.remote = context, endpoints, remote
         self.settings_of = [model for model in models for _ in range(model.num_worker)]  # index -> Settings
         self.workers = {}        # index -> Process
         self.started_at = {}     # index -> monotonic start time
@@ -74,8 +74,8 @@ class WorkerPool:
             self.start(index)
 
     def start(self, index):
-        self.reports[index], theirs = self.spawn.Pipe(duplex=False)
-        self.workers[index] = start_process(self.spawn, run_worker, f"worker-{index}", self.settings_of[index],
+        self.reports[index], theirs = self.context.Pipe(duplex=False)
+        self.workers[index] = start_process(self.context, run_worker, f"worker-{index}", self.settings_of[index],
                                             self.endpoints, index, self.remote, len(self.settings_of) == 1, theirs)
         theirs.close()
         self.started_at[index] = time.monotonic()

@@ -188,7 +188,7 @@ class FakeProcess:
         self.exitcode = code
 
 
-class FakeSpawn:
+class FakeContext:
     def Pipe(self, duplex):  # noqa: N802 (multiprocessing's name)
         pipe = FakePipe()
         return pipe, pipe
@@ -199,7 +199,7 @@ class FakeSpawn:
 @pytest.fixture
 def pool(monkeypatch):
     monkeypatch.setattr(worker_pool, "restart_pause", lambda quick_deaths: 0.0)  # restarts at once
-    return worker_pool.WorkerPool(FakeSpawn(), [SimpleNamespace(num_worker=2)], endpoints=None)
+    return worker_pool.WorkerPool(FakeContext(), [SimpleNamespace(num_worker=2)], endpoints=None)
 
 
 def fail_all(pool, rounds, error="OSError: no model here"):

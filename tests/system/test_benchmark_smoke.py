@@ -136,3 +136,12 @@ def test_a_service_that_does_not_start_is_reported_with_what_its_last_probe_saw(
                                            r"tcp://127\.0\.0\.1:\d+ within 2s.*\); see .*bench-\d+\.log"):
         with Service("no such model", model=tmp_path / "missing", log_dir=tmp_path):
             pass
+
+
+def test_start_stop_benchmark_reports_medians(tiny_model):
+    result = subprocess.run([sys.executable, "-m", "benchmark.start_stop", "--model", str(tiny_model),
+                             "--repeats", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = json.loads(result.stdout)
+    assert set(figures) == {"ready_s", "stop_s", "cpu_s"} and all(value > 0 for value in figures.values())
+    assert figures["ready_s"] < 60 and figures["cpu_s"] > 0.1  # the reaped server's CPU, children included

@@ -1,0 +1,34 @@
+"""encoder_server.server.supervisor: its children are forked, which is safe only while the supervisor
+runs one thread and never loads what keeps threads or locks of its own (a zmq context, torch,
+onnxruntime, the tokenizers library): a child would inherit their memory without their threads."""
+import os
+from pathlib import Path
+
+import psutil
+
+from conftest import running_server, wait_for
+
+HEAVY_LIBRARIES = ("libtorch", "onnxruntime", "tokenizers")
+
+
+def test_the_supervisor_forks_its_children_from_one_thread_without_zmq_or_model_runtimes(tiny_model, tmp_path):
+    with running_server(tiny_model, "--num-worker", "1", tmp_path=tmp_path) as server, server.client() as client:
+        client.encode(["a text to serve"])
+        supervisor = psutil.Process(server.process.pid)
+        children = {child.name(): child for child in supervisor.children()}
+        assert all(children[name].cmdline() == supervisor.cmdline() for name in ("ventilator", "sink", "worker-0"))
+        assert_fork_safe(supervisor.pid)
+
+        children["worker-0"].kill()  # the supervisor forks a new one: still from a clean process
+        wait_for(lambda: any(child.name() == "worker-0" and child.pid != children["worker-0"].pid
+                             for child in supervisor.children()), timeout=30)
+        assert client.encode(["served by the new worker"]).shape == (1, 32)
+        assert_fork_safe(supervisor.pid)
+
+
+def assert_fork_safe(pid):
+    threads = os.listdir(f"/proc/{pid}/task")
+    assert len(threads) == 1, f"the supervisor runs {len(threads)} threads: " + \
+        ", ".join(Path(f"/proc/{pid}/task/{thread}/comm").read_text().strip() for thread in threads)
+    loaded = Path(f"/proc/{pid}/maps").read_text()
+    assert not [library for library in HEAVY_LIBRARIES if library in loaded]
