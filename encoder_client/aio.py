@@ -64,6 +64,8 @@ class AsyncEncoderClient:
             try:
                 config = await self._command(b"SHOW_CONFIG", min(HANDSHAKE_INTERVAL, deadline - loop.time()))
             except (TimeoutError, ConnectionLostError):
+                if self._closed:
+                    raise  # closed meanwhile (by another task): nothing to wait for, and retrying would spin
                 continue
             self._max_request_bytes = max_request_bytes(config)
             self._connected = True

@@ -36,10 +36,10 @@ def create_app(client_or_factory, *, api_key=None, body_timeout=None):
         try:
             yield
         finally:
+            link.close()  # first: the task then ends even if the cancellation below is lost
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            link.close()
 
     app = FastAPI(title="encoder-server HTTP gateway", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None)  # the docs pages load scripts from a CDN

@@ -22,7 +22,9 @@ SAMPLES_KEPT_S = 65.0  # status samples kept for rates and recent latency
 class ServerLink:
     def __init__(self, client_or_factory):
         self._client_or_factory = client_or_factory
-        self.client = None       # the AsyncEncoderClient, once connected
+        self._own_client = None  # the AsyncEncoderClient, from the start of `run`
+        self.client = None       # the same, once connected
+        self.closed = False
         self.config = {}         # the server's SHOW_CONFIG
         self.samples = deque()   # (monotonic time, status) of successful polls
         self.polled_at = None    # monotonic time of the last successful poll
@@ -32,25 +34,27 @@ class ServerLink:
     # ----- background task -----
 
     async def run(self):
-        """Connect, then poll the status until cancelled."""
-        client = self._client_or_factory if hasattr(self._client_or_factory, "encode") \
+        """Connect, then poll the status until cancelled or closed."""
+        client = self._own_client = self._client_or_factory if hasattr(self._client_or_factory, "encode") \
             else self._client_or_factory()
         await self._connect(client)
-        while True:
+        while not self.closed:
             await self.poll()
             await asyncio.sleep(POLL_INTERVAL)
 
     async def _connect(self, client):
-        while True:
+        while not self.closed:
             try:
                 await client.connect()
                 self.config = await asyncio.wait_for(client.server_config(), STATUS_TIMEOUT)
-                break
             except (*CLIENT_ERRORS, asyncio.TimeoutError) as error:
                 self.error = str(error)
-                log.warning("%s; retrying", self.error)
-        self.client = client
-        log.info("connected to the encoder-server at %s (model %s)", client.address, self.model)
+                if not self.closed:
+                    log.warning("%s; retrying", self.error)
+                continue
+            self.client = client
+            log.info("connected to the encoder-server at %s (model %s)", client.address, self.model)
+            return
 
     async def poll(self):
         try:
@@ -78,8 +82,11 @@ class ServerLink:
             pass  # the next restart check, or the next gateway start, will fetch it
 
     def close(self):
-        if self.client is not None:
-            self.client.close()
+        """Close the client and end `run` at its next step, even where a cancellation of it was lost
+        (asyncio.wait_for before Python 3.12 drops one that meets its inner future's end)."""
+        self.closed = True
+        if self._own_client is not None:
+            self._own_client.close()
 
     # ----- what the routes read -----
 

@@ -39,7 +39,8 @@ def test_token_counts_and_tokens(tiny_server):
 
     short, longer = asyncio.run(run())
     assert short.num_tokens == 3  # [CLS] cat [SEP]
-    assert longer.num_tokens == sum(len(tokens) for tokens in longer.tokens) == 6 + 3  # words of the tiny vocabulary are one token each
+    # each word of the tiny vocabulary is one token
+    assert longer.num_tokens == sum(len(tokens) for tokens in longer.tokens) == 6 + 3
     assert longer.tokens[1] == ["[CLS]", "dog", "[SEP]"]
 
 
@@ -69,6 +70,25 @@ def test_connect_times_out_without_a_server():
             client.close()
 
     asyncio.run(run())
+
+
+def test_closing_a_client_that_connects_ends_its_connect_at_once():
+    """Another task closes the client while it waits for a server that is not there: its connect
+    raises at once instead of retrying the closed client, without waiting, until its timeout."""
+    from encoder_client.errors import ConnectionLostError
+
+    async def run():
+        client = AsyncEncoderClient("127.0.0.1", free_port(), free_port(), timeout=30)
+        connecting = asyncio.ensure_future(client.connect())
+        await asyncio.sleep(0.6)  # past a few of the handshake's retries
+        loop = asyncio.get_running_loop()
+        closed = loop.time()
+        client.close()
+        with pytest.raises(ConnectionLostError, match="closed"):
+            await asyncio.wait_for(connecting, 5)
+        return loop.time() - closed
+
+    assert asyncio.run(run()) < 1.0
 
 
 def test_listeners_sharing_an_identity_receive_every_result(tiny_server):
