@@ -102,14 +102,19 @@ class _Server:
             self.log_path.unlink(missing_ok=True)
 
 
+def start_command(port, port_out, model=None, flags=()):
+    """`encoder-server start` on these ports, with `model` (None: the bundled one) and more flags."""
+    return [sys.executable, "-m", "encoder_server.cli", "start", "--port", str(port), "--port-out", str(port_out),
+            *(["--model", str(model)] if model else []), *flags]
+
+
 class Service(_Server):
     """`encoder-server start` with the given flags."""
 
     def __init__(self, name, flags=(), model=None, log_dir=None, env=None):
         self.name = name
         self.port, self.port_out = free_port(), free_port()
-        self.command = [sys.executable, "-m", "encoder_server.cli", "start", "--port", str(self.port),
-                        "--port-out", str(self.port_out), *(["--model", str(model)] if model else []), *flags]
+        self.command = start_command(self.port, self.port_out, model, flags)
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         self._place_log(log_dir, f"bench-{self.port}")
 

@@ -92,9 +92,9 @@ class Start:
         except threading.BrokenBarrierError:
             return None
         begin = time.time() + warmup
-        self.shared["window"] = (begin, begin + seconds)
+        window = self.shared["window"] = (begin, begin + seconds)
         self.go.set()
-        return self.shared["window"]
+        return window
 
     def wait(self):
         """The window, once every client is ready (a client calls this when it is)."""

@@ -19,19 +19,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmark import engines  # noqa: E402
 from encoder_client import EncoderClient  # noqa: E402
-from encoder_server.ports import free_port  # noqa: E402
 
 
 def start_and_stop(model, flags, log):
     """(seconds to the first reply, seconds to stop, CPU seconds) of one server."""
-    port, port_out = free_port(), free_port()
-    command = [sys.executable, "-m", "encoder_server.cli", "start", "--port", str(port), "--port-out", str(port_out),
-               *(["--model", str(model)] if model else []), *flags]
+    port, port_out = engines.free_port(), engines.free_port()
     cpu_before = _children_cpu()
     started = time.monotonic()
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    server = subprocess.Popen(engines.start_command(port, port_out, model, flags), stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
         with EncoderClient("127.0.0.1", port, port_out, timeout=120) as client:
             client.encode(["the first request"])
