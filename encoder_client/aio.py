@@ -167,9 +167,12 @@ class AsyncEncoderClient:
         future = self._waiting[req_id] = asyncio.get_running_loop().create_future()
         try:
             frames = encode_request(self.identity, req_id, payload, msg_len, options)
-            await asyncio.wait_for(self._sender.send_multipart(frames), timeout)
-            reply = await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: before Python 3.12 wait_for can drop the caller's cancellation
+            async with asyncio.timeout(timeout):
+                await self._sender.send_multipart(frames)
+            async with asyncio.timeout(timeout):
+                reply = await future
+        except TimeoutError:
             raise TimeoutError(f"no reply from the encoder-server at {self.address} within {timeout}s") from None
         finally:
             self._waiting.pop(req_id, None)  # a late reply is then discarded

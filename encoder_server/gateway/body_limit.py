@@ -27,8 +27,9 @@ class BodyLimitMiddleware:
         deadline = None if self.timeout is None else loop.time() + self.timeout
         while True:
             try:
-                message = await asyncio.wait_for(receive(), None if deadline is None else deadline - loop.time())
-            except asyncio.TimeoutError:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
                 return await _too_slow(scope, receive, send, self.timeout)
             if message["type"] == "http.disconnect":
                 return  # the client left; nobody to answer

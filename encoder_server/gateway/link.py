@@ -46,8 +46,9 @@ class ServerLink:
         while not self.closed:
             try:
                 await client.connect()
-                self.config = await asyncio.wait_for(client.server_config(), STATUS_TIMEOUT)
-            except (*CLIENT_ERRORS, asyncio.TimeoutError) as error:
+                async with asyncio.timeout(STATUS_TIMEOUT):
+                    self.config = await client.server_config()
+            except CLIENT_ERRORS as error:  # TimeoutError among them
                 self.error = str(error)
                 if not self.closed:
                     log.warning("%s; retrying", self.error)
@@ -58,8 +59,9 @@ class ServerLink:
 
     async def poll(self):
         try:
-            status = check_status(await asyncio.wait_for(self.client.server_status(), STATUS_TIMEOUT))
-        except (*CLIENT_ERRORS, asyncio.TimeoutError) as error:
+            async with asyncio.timeout(STATUS_TIMEOUT):
+                status = check_status(await self.client.server_status())
+        except CLIENT_ERRORS as error:
             self.error = f"the encoder-server is not answering: {error or 'no status reply'}"
             return
         except StatusError as error:
@@ -77,13 +79,13 @@ class ServerLink:
 
     async def _refresh_config(self):
         try:
-            self.config = await asyncio.wait_for(self.client.server_config(), STATUS_TIMEOUT)
-        except (*CLIENT_ERRORS, asyncio.TimeoutError):
+            async with asyncio.timeout(STATUS_TIMEOUT):
+                self.config = await self.client.server_config()
+        except CLIENT_ERRORS:
             pass  # the next restart check, or the next gateway start, will fetch it
 
     def close(self):
-        """Close the client and end `run` at its next step, even where a cancellation of it was lost
-        (asyncio.wait_for before Python 3.12 drops one that meets its inner future's end)."""
+        """Close the client and end `run` at its next step, even where a cancellation of it is lost."""
         self.closed = True
         if self._own_client is not None:
             self._own_client.close()
