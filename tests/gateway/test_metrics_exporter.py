@@ -20,6 +20,8 @@ def test_scrapes_past_the_cap_get_503_and_overdue_connections_are_cut(monkeypatc
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         assert "probe 7.0" in httpx.get(url, timeout=5).text
+        # that scrape counts until its thread has closed the connection, a moment after its reply
+        wait_for(lambda: not server.opened, timeout=10)
         stalled = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
         for connection in stalled:
             connection.sendall(b"GET /metrics HTTP/1.1\r\n")  # the head never ends
