@@ -22,14 +22,19 @@ pytestmark = pytest.mark.timeout(300)
 def test_kill_9_worker_mid_request_loses_and_duplicates_nothing(tiny_model, tmp_path, lanes):
     """With several lanes, the killed process held several passes' jobs: all go to the other one."""
     texts = random_texts(5000, seed=21, min_words=5, max_words=30)
-    texts[2500] = "!sleep 1"  # holds one worker's intake, so the request is surely in flight at the kill
+    # each holds the prefetch of the worker that takes it; the first worker is stuck on the first one
+    # while the other one takes every job up to the second, so for a while both hold jobs, surely
+    texts[1500] = texts[4000] = "!sleep 2"
     with running_server(tiny_model, "--num-worker", "2", "--lanes", str(lanes), tmp_path=tmp_path,
                         env=FAULTS) as server:
-        with server.client() as client:
+        with server.client() as client, server.client() as watcher:
             undisturbed = client.encode(texts)
             client.encode(texts, blocking=False)
-            wait_for(lambda: server.status()["in_flight_requests"] == 1 and
-                     all(server.status()["worker_busy_texts"].values()))
+
+            def both_workers_hold_jobs():
+                status = watcher.server_status
+                return status["in_flight_requests"] == 1 and all(status["worker_busy_texts"].values())
+            wait_for(both_workers_hold_jobs)
             os.kill(server.worker_pids()[0], signal.SIGKILL)
             disturbed = client.fetch_all(concat=True)
         assert disturbed.shape == undisturbed.shape
