@@ -258,6 +258,11 @@ def wait_for(condition, timeout=60):
         time.sleep(0.05)
 
 
+def workers_hold_jobs(status):
+    """Whether one request is in flight and every worker holds some of its jobs (a moment to kill one)."""
+    return status["in_flight_requests"] == 1 and all(status["worker_busy_texts"].values())
+
+
 def settled_status(client, timeout=10):
     """The server's status once no request is in flight: a reply reaches its client a moment before
     the ventilator hears that its request is done and counts it."""

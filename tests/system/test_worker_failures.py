@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
-from conftest import FAST_HEARTBEATS, FAULTS, free_port, random_texts, running_server, wait_for
+from conftest import FAST_HEARTBEATS, FAULTS, free_port, random_texts, running_server, wait_for, workers_hold_jobs
 
 from encoder_server.server.messages import INTERNAL_PROTOCOL
 
@@ -30,11 +30,7 @@ def test_kill_9_worker_mid_request_loses_and_duplicates_nothing(tiny_model, tmp_
         with server.client() as client, server.client() as watcher:
             undisturbed = client.encode(texts)
             client.encode(texts, blocking=False)
-
-            def both_workers_hold_jobs():
-                status = watcher.server_status
-                return status["in_flight_requests"] == 1 and all(status["worker_busy_texts"].values())
-            wait_for(both_workers_hold_jobs)
+            wait_for(lambda: workers_hold_jobs(watcher.server_status))
             os.kill(server.worker_pids()[0], signal.SIGKILL)
             disturbed = client.fetch_all(concat=True)
         assert disturbed.shape == undisturbed.shape
