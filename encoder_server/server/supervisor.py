@@ -69,6 +69,17 @@ def prepare_models(settings):
     return replace(served[0], served=served)
 
 
+def child_start_method(models):
+    """How the supervisor starts its children. By fork, each starts from this process's imports
+    instead of a fresh interpreter (a server's start costs about half the CPU, and its children share
+    those pages). That is safe because this process runs no threads, holds no zmq context and loads
+    neither torch nor onnxruntime (prepare_model_apart builds models in a spawned child), which a
+    test checks. Not on cuda: there the launcher has asked torch whether a device is visible and how
+    much memory it has (for the default worker count), which starts the CUDA driver in this process,
+    and a forked child can then use no CUDA at all; spawned children start clean."""
+    return "spawn" if any(model.device == "cuda" for model in models) else "fork"
+
+
 def check_port_free(host, port):
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -94,11 +105,7 @@ class Supervisor:
         self.settings = settings
         self.helper_targets = helpers or {}
         self.stop_requested = threading.Event()
-        # Children are forked: each starts from this process's imports instead of a fresh interpreter
-        # (a server's start costs about half the CPU, and its children share those pages). That is
-        # safe because this process runs no threads, holds no zmq context and never loads torch or
-        # onnxruntime (prepare_model_apart builds models in a spawned child), which a test checks.
-        self.context = multiprocessing.get_context("fork")
+        self.context = multiprocessing.get_context(child_start_method(settings.all_models))
         self.addresses = None
         self.ventilator = None
         self.sink = None

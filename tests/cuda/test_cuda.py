@@ -106,7 +106,10 @@ def test_the_default_cuda_server_runs_a_worker_per_two_cpus(tiny_model, tmp_path
         with server.client() as client:  # a tiny model: the GPU's memory holds every worker the CPUs call for
             assert client.server_config["num_worker"] == default_cuda_workers(usable_cpus())
             assert client.encode(TEXTS[:8]).shape[0] == 8
-        assert len(server.worker_pids()) == default_cuda_workers(usable_cpus())
+        workers = server.worker_pids()
+        assert len(workers) == default_cuda_workers(usable_cpus())
+        # spawned, not forked: the launcher's look at the GPU started the CUDA driver in the supervisor
+        assert all("--multiprocessing-fork" in psutil.Process(pid).cmdline() for pid in workers)
 
 
 def test_each_cuda_worker_stays_within_its_memory_estimate_and_no_other_process_holds_the_gpu(tiny_model, tmp_path):

@@ -1,12 +1,16 @@
-"""encoder_server.server.supervisor: its children are forked, which is safe only while the supervisor
+"""encoder_server.server.supervisor: its children are forked (spawned on cuda), which is safe only while the supervisor
 runs one thread and never loads what keeps threads or locks of its own (a zmq context, torch,
 onnxruntime, the tokenizers library): a child would inherit their memory without their threads."""
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 
 from conftest import running_server, wait_for
+
+from encoder_server.server.supervisor import child_start_method
+from encoder_server.settings import resolve
 
 HEAVY_LIBRARIES = ("libtorch", "onnxruntime", "tokenizers")
 
@@ -32,3 +36,12 @@ def assert_fork_safe(pid):
         ", ".join(Path(f"/proc/{pid}/task/{thread}/comm").read_text().strip() for thread in threads)
     loaded = Path(f"/proc/{pid}/maps").read_text()
     assert not [library for library in HEAVY_LIBRARIES if library in loaded]
+
+
+def test_children_are_spawned_when_any_served_model_runs_on_cuda(tiny_model):
+    """The launcher's questions to torch about the GPU start the CUDA driver in the supervisor, and a
+    forked child could then use no CUDA (tests/cuda checks that such a server serves)."""
+    settings = resolve(model=str(tiny_model))
+    assert child_start_method(settings.all_models) == "fork"
+    on_cuda = replace(settings, device="cuda")
+    assert child_start_method(replace(settings, served=(settings, on_cuda)).all_models) == "spawn"
