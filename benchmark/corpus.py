@@ -7,6 +7,7 @@ attention see natural text rather than random words.
 import importlib
 import random
 import re
+import warnings
 
 SOURCES = ("argparse", "asyncio", "collections", "csv", "email", "functools", "http.client", "json",
            "logging", "pathlib", "pickle", "random", "socket", "statistics", "subprocess", "threading",
@@ -18,8 +19,10 @@ def _prose():
     words = []
     for name in SOURCES:
         module = importlib.import_module(name)
-        docs = [module.__doc__] + [obj.__doc__ for obj in vars(module).values()
-                                   if callable(obj) and getattr(obj, "__module__", None) == name]
+        with warnings.catch_warnings():  # typing's deprecated `io` and `re` warn when looked at
+            warnings.simplefilter("ignore", DeprecationWarning)
+            docs = [module.__doc__] + [obj.__doc__ for obj in vars(module).values()
+                                       if callable(obj) and getattr(obj, "__module__", None) == name]
         for doc in docs:
             if isinstance(doc, str):
                 words += re.sub(r"[^\w.,;:'()-]+", " ", doc).split()
