@@ -143,11 +143,13 @@ def gpu_mib_by_pid():
 
 def test_kill_9_of_a_cuda_worker_under_load_loses_nothing(tiny_model, tmp_path, expected):
     texts = TEXTS * 20
-    held = [1000, 3000]  # each holds the worker that takes it, so the kill surely finds jobs in flight
+    # each holds the one tokenizing thread of the worker that takes it: the second goes to the other
+    # worker, so the kill surely finds jobs in flight on both (as in tests/system/test_worker_failures.py)
+    held = [1000, 3000]
     for index in held:
         texts[index] = "!sleep 2"
-    with running_server(tiny_model, "--device", "cuda", "--num-worker", "2", "--max-batch-size", "16",
-                        tmp_path=tmp_path, env=FAULTS) as server:
+    with running_server(tiny_model, "--device", "cuda", "--num-worker", "2", "--tokenizer-threads", "1",
+                        "--max-batch-size", "16", tmp_path=tmp_path, env=FAULTS) as server:
         with server.client() as client, server.client() as watcher:
             client.encode(texts, blocking=False)
             wait_for(lambda: workers_hold_jobs(watcher.server_status))

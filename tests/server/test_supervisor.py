@@ -1,6 +1,7 @@
-"""encoder_server.server.supervisor: its children are forked (spawned on cuda), which is safe only while the supervisor
-runs one thread and never loads what keeps threads or locks of its own (a zmq context, torch,
-onnxruntime, the tokenizers library): a child would inherit their memory without their threads."""
+"""encoder_server.server.supervisor: its children are forked (spawned where a model runs on cuda),
+which is safe only while the supervisor runs one thread and never loads what keeps threads or locks
+of its own (a zmq context, torch, onnxruntime, the tokenizers library): a child would inherit their
+memory without their threads."""
 import os
 from dataclasses import replace
 from pathlib import Path

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.timeout(300)
 def test_kill_9_worker_mid_request_loses_and_duplicates_nothing(tiny_model, tmp_path, lanes):
     """With several lanes, the killed process held several passes' jobs: all go to the other one."""
     texts = random_texts(5000, seed=21, min_words=5, max_words=30)
-    # each holds the prefetch of the worker that takes it; the first worker is stuck on the first one
-    # while the other one takes every job up to the second, so for a while both hold jobs, surely
+    # each holds the one tokenizing thread of the worker that takes it (the CPU's default): the first
+    # worker is stuck on the first while the other takes every job up to the second, so for a while
+    # both surely hold jobs
     texts[1500] = texts[4000] = "!sleep 2"
     with running_server(tiny_model, "--num-worker", "2", "--lanes", str(lanes), tmp_path=tmp_path,
                         env=FAULTS) as server:
