@@ -232,10 +232,13 @@ def short_dirs_removed():
 def ray_temp_dir():
     """Ray's sessions (logs, sockets) in a folder of this runner's, removed at the end, rather than
     in /tmp/ray, where each run would leave four; short, for Ray's Unix sockets. Ray, and the bulk
-    commands the tests start, take it from the environment."""
+    commands the tests start, take it from the environment. Ray Data's usage collection is off, as
+    `encoder-server bulk` has it: its thread polls a Prometheus at localhost:9090, and once printed
+    a logging error as this runner exited."""
     path = tempfile.mkdtemp(prefix="es-ray-")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_TMPDIR", path)
+        patch.setenv("RAY_DATA_USAGE_DISABLED", "1")
         yield path
         RAY_HEAD.stop()
     shutil.rmtree(path, ignore_errors=True)

@@ -79,9 +79,11 @@ def _embed(args, plan, output, todo, done_rows):
 def _connect_ray(address):
     """A new local Ray on this host's usable CPUs (never a cluster that happens to run here), or
     the cluster at `address`, quietly (Ray's own progress bars and notices off: the command
-    shows its own bar)."""
+    shows its own bar), and without Ray Data's usage collection, whose thread polls a Prometheus
+    at localhost:9090 (each of these can be set otherwise in the environment)."""
     os.environ.setdefault("RAY_DATA_LOG_LEVEL", "ERROR")
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    os.environ.setdefault("RAY_DATA_USAGE_DISABLED", "1")
     import ray
 
     from ..model.cpus import usable_cpus
