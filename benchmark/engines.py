@@ -5,6 +5,7 @@ engine gives `client()`: a fresh object with `encode(texts) -> None`, one per co
 """
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -124,7 +125,8 @@ class Service(_Server):
             with EncoderClient("127.0.0.1", self.port, self.port_out, timeout=2) as probe:
                 status = probe.server_status
         except TimeoutError as error:
-            self.last_probe = str(error)
+            self.last_probe = f"{error} (TCP: {tcp_reachability(self.port)} on {self.port}, " \
+                              f"{tcp_reachability(self.port_out)} on {self.port_out})"
             return False
         if not status["ready"]:
             self.last_probe = (f"answered, not ready: {status['workers_alive']} of {status['workers_expected']} "
@@ -134,6 +136,16 @@ class Service(_Server):
     def client(self):
         from encoder_client import EncoderClient
         return _ServiceClient(EncoderClient("127.0.0.1", self.port, self.port_out, timeout=900))
+
+
+def tcp_reachability(port, host="127.0.0.1"):
+    """Whether `port` takes a TCP connection, in words: it tells a server that is not listening, or
+    a connection that goes elsewhere, from one that is reached but does not answer."""
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return "connects"
+    except OSError as error:
+        return type(error).__name__ if isinstance(error, TimeoutError) else (error.strerror or str(error))
 
 
 class _ServiceClient:

@@ -133,7 +133,8 @@ def test_hops_times_zeromq_and_a_bare_socket_between_two_processes():
 def test_a_service_that_does_not_start_is_reported_with_what_its_last_probe_saw(tmp_path):
     from benchmark.engines import Service
     with pytest.raises(RuntimeError, match=r"did not start \(the last probe: no answer from an encoder-server at "
-                                           r"tcp://127\.0\.0\.1:\d+ within 2s.*\); see .*bench-\d+\.log"):
+                                           r"tcp://127\.0\.0\.1:\d+ within 2s.* \(TCP: Connection refused on \d+, "
+                                           r"Connection refused on \d+\)\); see .*bench-\d+\.log"):
         with Service("no such model", model=tmp_path / "missing", log_dir=tmp_path):
             pass
 
