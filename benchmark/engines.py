@@ -145,7 +145,7 @@ def tcp_reachability(port, host="127.0.0.1"):
         with socket.create_connection((host, port), timeout=1):
             return "connects"
     except OSError as error:
-        return type(error).__name__ if isinstance(error, TimeoutError) else (error.strerror or str(error))
+        return error.strerror or type(error).__name__  # a timeout has no strerror
 
 
 class _ServiceClient:
