@@ -365,3 +365,13 @@ def test_compose_runs_server_gateway_and_worker_with_shared_keys(podman, image, 
                                            f"{logs(podman, f'{project}_{service}_1')}"
     finally:
         compose_run("down", "-v", "-t", "0", check=False)
+        networks = compose_networks(podman, project)  # podman-compose's `down` leaves them: a bridge per run
+        if networks:
+            run([*podman, "network", "rm", "-f", *networks], check=False)
+    assert not compose_networks(podman, project), "the compose project's network outlived it"
+
+
+def compose_networks(podman, project):
+    """The names of the networks podman-compose made for `project` (none when podman cannot list them)."""
+    return run([*podman, "network", "ls", "--format", "{{.Name}}", "--filter",
+                f"label=io.podman.compose.project={project}"], check=False).stdout.split()
