@@ -119,6 +119,7 @@ def build(podman, tmp_path_factory, target, tag):
     with FileLock(str(shared / "image-build.lock")):
         if run([*podman, "image", "exists", BASE], check=False).returncode != 0:
             run(["bash", str(ROOT / "docker" / "debian-base.sh"), BASE])
+        superseded = image_id(podman, tag)
         started = time.monotonic()
         settings = pip_settings()
         # --format docker: the OCI format that podman writes by default has no HEALTHCHECK
@@ -128,8 +129,16 @@ def build(podman, tmp_path_factory, target, tag):
              "--build-arg", f"TORCH_VERSION={torch_version(settings)}",
              "-f", str(ROOT / "docker" / "Dockerfile"), "-t", tag, str(ROOT)], timeout=1500)
         seconds = time.monotonic() - started
+        if superseded not in (None, image_id(podman, tag)):  # the last run's image, now untagged: its own layers go
+            run([*podman, "rmi", superseded], check=False)
     size = json.loads(run([*podman, "image", "inspect", tag]).stdout)[0]["Size"] / 1e6
     return tag, seconds, size
+
+
+def image_id(podman, tag):
+    """The id of the image `tag` names, or None."""
+    result = run([*podman, "image", "inspect", "--format", "{{.Id}}", tag], check=False)
+    return result.stdout.strip() if result.returncode == 0 else None
 
 
 @pytest.fixture(scope="module")
