@@ -1,9 +1,11 @@
 """Free ports for a server started on the fly (`encoder-server check`, the tests, the benchmarks)."""
+import os
 import random
 import socket
 from pathlib import Path
 
 LOWEST_PORT = 10_000
+SLICE_VARIABLE = "ENCODER_SERVER_PORT_SLICE"  # "INDEX/COUNT", which use_slice sets for the processes started after it
 
 
 def _ephemeral_range_start():
@@ -20,11 +22,17 @@ _cursor = [random.randrange(_range[0], max(_range[0] + 1, _range[1] - 2000))]
 
 def use_slice(index, count):
     """Hand out only the `index`-th of `count` equal slices of the range, so that processes that
-    start servers side by side (parallel test runners) never pick the same port."""
+    start servers side by side (parallel test runners) never pick the same port; the processes this
+    one starts afterwards (a benchmark run by a test) keep to the same slice."""
     first, end = LOWEST_PORT, _ephemeral_range_start()
     width = (end - first) // count
     _range[:] = [first + index * width, first + (index + 1) * width]
     _cursor[0] = random.randrange(_range[0], _range[1])
+    os.environ[SLICE_VARIABLE] = f"{index}/{count}"
+
+
+if os.environ.get(SLICE_VARIABLE):  # started by a process that keeps to a slice
+    use_slice(*map(int, os.environ[SLICE_VARIABLE].split("/")))
 
 
 def free_port(host="127.0.0.1", consecutive=1):
