@@ -49,10 +49,11 @@ def measure(model=None, flags=(), cells=CELLS, seconds=5.0, repeats=3, loaders=2
     return rows
 
 
-def closed_loop(port, port_out, clients, batch, seconds, loaders, server_pid=None, warmup=1.0):
+def closed_loop(port, port_out, clients, batch, seconds, loaders, server_pid=None, warmup=1.0, during=None):
     """{texts_per_s, requests_per_s, p50_ms, p99_ms, cpu_us_per_request: {stage: µs}} of `clients`
     closed-loop clients spread over `loaders` processes (the stages' CPU needs the server's pid).
-    The window opens `warmup` seconds after the last client has connected and sent its first request."""
+    The window opens `warmup` seconds after the last client has connected and sent its first request;
+    `during`, if given, is called on a thread of its own with the window (wall-clock start and end)."""
     loaders = max(1, min(loaders, clients))
     context = multiprocessing.get_context("spawn")
     with context.Manager() as manager, context.Pool(loaders) as pool:
@@ -62,8 +63,13 @@ def closed_loop(port, port_out, clients, batch, seconds, loaders, server_pid=Non
                                              for low, high in zip(shares, shares[1:])])
         window = start.open(warmup, seconds)
         cpu = StageClock(server_pid, window) if window else None
+        watcher = threading.Thread(target=during, args=(window,), daemon=True) if during and window else None
+        if watcher:
+            watcher.start()
         # raises the loaders' error if a client failed before the window opened
         results = pending.get(timeout=STARTUP_S + warmup + seconds + 60)
+        if watcher:
+            watcher.join()
     latencies = sorted(latency for result in results for latency in result)
     requests = len(latencies)
     return {"texts_per_s": requests * batch / seconds, "requests_per_s": requests / seconds,

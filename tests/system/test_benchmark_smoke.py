@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,51 @@ def test_engines_take_turns_run_by_run_and_each_gets_the_median_of_its_own_runs(
     medians = taking_turns(["in-process", "service"], run, repeats=3)
     assert order == ["in-process", "service"] * 3
     assert medians == [{"sentences_per_s": 3}, {"sentences_per_s": 4}]
+
+
+def test_cpu_split_groups_perf_rows_by_process_and_by_what_ran():
+    from benchmark.cpu_split import split, table
+    report = """# Samples: 4K of event 'cpu-clock:ppp'
+# Overhead  Command     Shared Object
+# ........  ..........  ........................
+    15.30%  ventilator  libpython3.11.so.1.0
+    13.84%  ZMQbg/IO/0  [kernel.kallsyms]
+    13.15%  python      libpython3.11.so.1.0
+     9.49%  python      [kernel.kallsyms]
+     6.99%  worker-0    libpython3.11.so.1.0
+     6.20%  worker-1    libpython3.11.so.1.0
+     4.66%  swapper     [kernel.kallsyms]
+     2.19%  ZMQbg/IO/0  libzmq-2f02442c.so.5.2.5
+     1.33%  worker-1    _multiarray_umath.cpython-311-x86_64-linux-gnu.so
+     0.69%  sink        libc.so.6
+     0.46%  ventilator  _zmq.cpython-311-x86_64-linux-gnu.so
+     0.08%  kdamond.0   [kernel.kallsyms]
+"""
+    shares = split(report)
+    assert shares["ventilator"] == {"Python": 15.3, "kernel": 0.0, "ZeroMQ": 0.46, "other native": 0.0}
+    assert shares["workers"] == {"Python": 13.19, "kernel": 0.0, "ZeroMQ": 0.0, "other native": 1.33}
+    assert shares["clients"]["Python"] == 13.15 and shares["clients"]["kernel"] == 9.49
+    assert shares["ZeroMQ I/O threads"] == {"Python": 0.0, "kernel": 13.84, "ZeroMQ": 2.19, "other native": 0.0}
+    assert shares["sink"]["other native"] == 0.69 and shares["idle"]["kernel"] == 4.66
+    assert shares["other"]["kernel"] == 0.08
+    lines = table(shares)
+    assert "| workers | 13.2 | 0.0 | 0.0 | 1.3 | 14.5 |" in lines
+    assert lines[-1] == "| all but idle | 41.6 | 23.4 | 2.6 | 2.0 | 69.7 |"  # idle (swapper) left out
+
+
+def test_a_closed_loop_calls_its_watcher_with_the_window_while_the_clients_run():
+    from benchmark import engines, pipeline
+    seen = []
+
+    def watch(window):
+        seen.append((window, time.time()))
+
+    with engines.Service("zero", ("--backend", "zero", "--num-worker", "1"), env=pipeline.ZERO_BACKEND) as server:
+        cell = pipeline.closed_loop(server.port, server.port_out, 2, 1, 0.5, 1, server.process.pid, warmup=0.2,
+                                    during=watch)
+    assert cell["requests_per_s"] > 0
+    [((begin, end), called)] = seen
+    assert end - begin == pytest.approx(0.5) and called < end
 
 
 def test_hops_times_zeromq_and_a_bare_socket_between_two_processes():
