@@ -69,7 +69,7 @@ def closed_loop(port, port_out, clients, batch, seconds, loaders, server_pid=Non
         # raises the loaders' error if a client failed before the window opened
         results = pending.get(timeout=STARTUP_S + warmup + seconds + 60)
         if watcher:
-            watcher.join()
+            watcher.join(seconds + 60)
     latencies = sorted(latency for result in results for latency in result)
     requests = len(latencies)
     return {"texts_per_s": requests * batch / seconds, "requests_per_s": requests / seconds,
