@@ -75,8 +75,9 @@ def table(shares):
 def record(window, data):
     """`perf record -a` into `data` over `window` (wall-clock start and end)."""
     time.sleep(max(0.0, window[0] - time.time()))
-    subprocess.run(["perf", "record", "-a", "-F", str(SAMPLES_PER_S), "-o", str(data), "--", "sleep",
-                    f"{window[1] - time.time():.2f}"], check=True, capture_output=True)
+    seconds = max(0.0, window[1] - time.time())
+    subprocess.run(["perf", "record", "-a", "-F", str(SAMPLES_PER_S), "-o", str(data), "--", "sleep", f"{seconds:.2f}"],
+                   check=True, capture_output=True, timeout=seconds + 60)
 
 
 def measure(batch=1, clients=32, seconds=5.0, loaders=2):
@@ -87,7 +88,7 @@ def measure(batch=1, clients=32, seconds=5.0, loaders=2):
         cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders,
                                     server.process.pid, during=lambda window: record(window, data))
         report = subprocess.run(["perf", "report", "-i", str(data), "--sort", "comm,dso", "--stdio"], check=True,
-                                capture_output=True, text=True).stdout
+                                capture_output=True, text=True, timeout=300).stdout
     return cell, split(report)
 
 
