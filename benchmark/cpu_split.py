@@ -31,11 +31,11 @@ def split(report):
     (a process or thread name) and shared object, grouped as PROCESSES and KINDS say."""
     shares = {}
     for line in report.splitlines():
-        row = re.match(r"\s*([\d.]+)%\s+(.+?)\s+(\S+)\s*$", line)
-        if row and not line.lstrip().startswith("#"):
-            percent, command, library = float(row.group(1)), row.group(2), row.group(3)
+        row = re.match(r"\s*([\d.]+)%\s+(.+?)\s+(\S+)\s*$", line)  # perf's header lines start with #
+        if row:
+            percent, command, kind = float(row.group(1)), row.group(2), _kind(row.group(3))
             kinds = shares.setdefault(_process(command), dict.fromkeys(KINDS, 0.0))
-            kinds[_kind(library)] = round(kinds[_kind(library)] + percent, 2)
+            kinds[kind] = round(kinds[kind] + percent, 2)
     return shares
 
 
