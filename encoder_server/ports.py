@@ -31,8 +31,16 @@ def use_slice(index, count):
     os.environ[SLICE_VARIABLE] = f"{index}/{count}"
 
 
+def _inherited_slice(value):
+    """(index, count) from SLICE_VARIABLE's value; ValueError naming the variable for anything else."""
+    index, _, count = value.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise ValueError(f"{SLICE_VARIABLE} must be INDEX/COUNT with 0 <= INDEX < COUNT, got {value[:40]!r}")
+    return int(index), int(count)
+
+
 if os.environ.get(SLICE_VARIABLE):  # started by a process that keeps to a slice
-    use_slice(*map(int, os.environ[SLICE_VARIABLE].split("/")))
+    use_slice(*_inherited_slice(os.environ[SLICE_VARIABLE]))
 
 
 def free_port(host="127.0.0.1", consecutive=1):
