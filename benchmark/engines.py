@@ -81,12 +81,17 @@ class _Server:
         while not self.ready():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self._temporary_log = False
+                seen = [self.last_probe, self.diagnosis() if self.process.poll() is None else None]
                 self.__exit__()
-                last = f" (the last probe: {self.last_probe})" if self.last_probe else ""
+                last = f" (the last probe: {'; '.join(filter(None, seen))})" if any(seen) else ""
                 raise RuntimeError(f"{self.name} did not start{last}; see {self.log_path}")
             time.sleep(0.5)
         self.rss = RssSampler(self.process.pid)
         return self
+
+    def diagnosis(self):
+        """What more can be learned of a server that runs but never got ready (None: nothing)."""
+        return None
 
     def __exit__(self, *_):
         self.peak_rss_mb = self.rss.stop() if hasattr(self, "rss") else None
@@ -132,6 +137,21 @@ class Service(_Server):
             self.last_probe = (f"answered, not ready: {status['workers_alive']} of {status['workers_expected']} "
                                f"workers alive, {status['workers_remote']} of them remote")
         return status["ready"]
+
+    def diagnosis(self):
+        """Whether a client in a process of its own gets an answer: it tells a server that answers no
+        one from a fault in this process's own ZeroMQ state."""
+        code = ("import sys\nfrom encoder_client import EncoderClient\n"
+                "with EncoderClient('127.0.0.1', int(sys.argv[1]), int(sys.argv[2]), timeout=5) as client:\n"
+                "    status = client.server_status\n"
+                "print({key: status[key] for key in ('ready', 'workers_alive', 'in_flight_requests')})")
+        try:
+            result = subprocess.run([sys.executable, "-c", code, str(self.port), str(self.port_out)], cwd=ROOT,
+                                    capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            return "a client in a process of its own: no answer within 30 s"
+        said = (result.stdout.strip() or result.stderr.strip()).splitlines()
+        return f"a client in a process of its own: {said[-1] if said else f'exit code {result.returncode}'}"
 
     def client(self):
         from encoder_client import EncoderClient

@@ -185,6 +185,13 @@ def test_a_service_that_does_not_start_is_reported_with_what_its_last_probe_saw(
             pass
 
 
+def test_a_service_that_never_gets_ready_is_asked_again_from_a_process_of_its_own():
+    from benchmark import engines, pipeline
+    with engines.Service("zero", ("--backend", "zero", "--num-worker", "1"), env=pipeline.ZERO_BACKEND) as server:
+        said = server.diagnosis()  # what a start that timed out would add to its error
+    assert said.startswith("a client in a process of its own: {'ready': True, 'workers_alive': 1"), said
+
+
 def test_start_stop_benchmark_reports_medians(tiny_model):
     result = subprocess.run([sys.executable, "-m", "benchmark.start_stop", "--model", str(tiny_model),
                              "--repeats", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
