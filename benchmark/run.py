@@ -353,6 +353,8 @@ def _flood(engine, texts, stop):
             client.encode(texts)
     except Exception:  # the server is stopped under the flood at the end; nothing to report
         pass
+    finally:
+        client.close()
 
 
 def _mean_tokens(model, texts):
