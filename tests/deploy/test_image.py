@@ -5,8 +5,9 @@ docker/compose.yaml run by podman-compose.
 
 The base is Debian 12's python3 made by docker/debian-base.sh (no image registry is reachable here).
 The host's pip settings reach the build as mounts (a pip.conf, its CA bundle and wheel folder), never
-through the Dockerfile. The build keeps podman's layer cache between runs; its time and the image's
-size are reported at the end of the run. Skipped, saying why, only where podman cannot run at all.
+through the Dockerfile. The build keeps podman's layer cache between runs, less what earlier builds
+made that the last one did not use; its time and the image's size are reported at the end of the
+run. Skipped, saying why, only where podman cannot run at all.
 """
 import json
 import os
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BASE = "localhost/bookworm-python:3.11"
 IMAGE = "localhost/encoder-server:test"
 FULL_IMAGE = "localhost/encoder-server:test-full"
+STAGE_LABEL = "org.opencontainers.image.title=encoder-server"  # what docker/Dockerfile labels every stage with
 SIZE_LIMIT_MB = 600
 START_TIMEOUT = 180
 MODEL_NAME = "all-MiniLM-L6-v2"
@@ -123,16 +125,38 @@ def build(podman, tmp_path_factory, target, tag):
         started = time.monotonic()
         settings = pip_settings()
         # --format docker: the OCI format that podman writes by default has no HEALTHCHECK
-        run([*podman, "build", "--format", "docker", "--jobs", "2", "--network", "host", *limits(),
-             *pip_mounts(settings, tmp_path_factory.mktemp("pip")), "--target", target,
-             "--build-arg", f"BASE_IMAGE={BASE}", "--build-arg", "TORCH_INDEX_URL=https://pypi.org/simple",
-             "--build-arg", f"TORCH_VERSION={torch_version(settings)}",
-             "-f", str(ROOT / "docker" / "Dockerfile"), "-t", tag, str(ROOT)], timeout=1500)
+        built = run([*podman, "build", "--format", "docker", "--jobs", "2", "--network", "host", *limits(),
+                     *pip_mounts(settings, tmp_path_factory.mktemp("pip")), "--target", target,
+                     "--build-arg", f"BASE_IMAGE={BASE}", "--build-arg", "TORCH_INDEX_URL=https://pypi.org/simple",
+                     "--build-arg", f"TORCH_VERSION={torch_version(settings)}",
+                     "-f", str(ROOT / "docker" / "Dockerfile"), "-t", tag, str(ROOT)], timeout=1500)
         seconds = time.monotonic() - started
         if superseded not in (None, image_id(podman, tag)):  # the last run's image, now untagged: its own layers go
             run([*podman, "rmi", superseded], check=False)
+        if target == "runtime":  # the default target, which every stage goes into
+            remove_stale_stages(podman, built.stdout)
     size = json.loads(run([*podman, "image", "inspect", tag]).stdout)[0]["Size"] / 1e6
     return tag, seconds, size
+
+
+def remove_stale_stages(podman, build_output):
+    """Remove the Dockerfile's untagged images (earlier builds' stages: half a GB for each change of
+    the sources) that the build which printed `build_output` did not use; those with children stay
+    (podman refuses to remove them). Fails if more remain than the Dockerfile has stages."""
+    used = re.findall(r"^--> (?:Using cache )?([0-9a-f]{11,64})$", build_output, re.MULTILINE)
+    stale = [image for image in untagged_stages(podman)
+             if not any(image.removeprefix("sha256:").startswith(prefix) for prefix in used)]
+    if stale:
+        run([*podman, "rmi", *stale], check=False)
+    stages = len(re.findall(r"^FROM ", (ROOT / "docker" / "Dockerfile").read_text(), re.MULTILINE))
+    left = untagged_stages(podman)
+    assert len(left) <= stages, f"{len(left)} untagged images of the Dockerfile's stages are left: {left}"
+
+
+def untagged_stages(podman):
+    """The ids of the untagged images that docker/Dockerfile's stages made and no image builds on."""
+    return run([*podman, "images", "--all", "--quiet", "--no-trunc", "--filter", "dangling=true",
+                "--filter", f"label={STAGE_LABEL}"]).stdout.split()
 
 
 def image_id(podman, tag):
