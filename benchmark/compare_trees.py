@@ -2,14 +2,15 @@
 check that a change which should not alter speed does not.
 
     git worktree add /tmp/before HEAD~1
-    python -m benchmark.compare_trees /tmp/before . --rounds 3 [-- server flags]
+    python -m benchmark.compare_trees /tmp/before . --rounds 4 [-- server flags]
 
 Each round starts each tree's server on the bundled model (or `--model`) with default flags (or
-those after --) and measures, through that tree's own EncoderClient (so a change to the wire
-format compares fairly): the p50 and p99 latency of one-text requests (short texts), the
-sentences/s of 256-text requests (medium texts, or `--kind`), and the replies/s of one-text
-requests pipelined 64 deep on one client (many small replies to one identity). It prints medians
-over rounds and the ratios.
+those after --), the trees going first in turn (before, after; after, before; ...), and measures,
+through that tree's own EncoderClient (so a change to the wire format compares fairly): the p50 and
+p99 latency of one-text requests (short texts), the sentences/s of 256-text requests (medium texts,
+or `--kind`), and the replies/s of one-text requests pipelined 64 deep on one client (many small
+replies to one identity). It prints medians over rounds and the ratios; an even number of rounds
+cancels a steady drift of the host's speed.
 """
 import argparse
 import json
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from . import corpus
 from .engines import START_TIMEOUT, free_port
+from .load import turn_orders
 
 # run with the tree as its working directory, so that its own encoder_client is imported
 MEASURE = r"""
@@ -84,7 +86,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4, help="an even number cancels a steady drift")
     parser.add_argument("--model", type=Path, default=None,
                         help="a model folder (default: the bundled model); a tiny one shows the service's own costs")
     parser.add_argument("--singles", type=int, default=400, help="one-text requests per round")
@@ -95,8 +97,8 @@ def main(argv=None):
     args = parser.parse_intermixed_args(argv)  # intermixed: flags after -- follow the two trees' options
     texts = (corpus.texts("short", args.singles), corpus.texts(args.kind, 256), corpus.texts("short", args.pipelined))
     results = {"before": [], "after": []}
-    for round_ in range(args.rounds):
-        for name in results:
+    for round_, turn in enumerate(turn_orders(len(results), args.rounds)):
+        for name in (list(results)[index] for index in turn):
             results[name].append(measure(getattr(args, name).resolve(), texts, args.repeats,
                                          args.model and args.model.resolve(), args.flags))
             shown = ", ".join(f"{label} {value:.2f}" for label, value in zip(NAMES, results[name][-1]))

@@ -2,16 +2,16 @@
 and by HTTP clients of the gateway, on the same texts.
 
     python -m benchmark.gateway                   # bundled all-MiniLM-L6-v2
-    python -m benchmark.gateway --model DIR --texts 2000 --rounds 3
+    python -m benchmark.gateway --model DIR --texts 2000 --rounds 4
 
 Clients: `EncoderClient` (ZeroMQ, the baseline), the official `openai` SDK asking for `float` and
 for `base64` (its default), and bert-as-service's `POST /encode` (httpx). Two loads, each measured
-for every client in every round, the clients in turn: one client sending `--texts` medium texts
-in requests of `--batch`, one after another; and `--clients` closed-loop clients sending
-`--small-batch` texts each for `--seconds`. Prints the medians over the rounds, each client's
-ratio to ZeroMQ's median in the same run and, for the sequential load, the CPU time the client's
-own process spends per request (reading the reply, mostly): on a machine this small it is taken
-from the workers.
+for every client in every round, the clients in turn (each round in the other order): one client
+sending `--texts` medium texts in requests of `--batch`, one after another; and `--clients`
+closed-loop clients sending `--small-batch` texts each for `--seconds`. Prints the medians over the
+rounds, each client's ratio to ZeroMQ's median in the same run and, for the sequential load, the CPU
+time the client's own process spends per request (reading the reply, mostly): on a machine this
+small it is taken from the workers.
 """
 import argparse
 import json
@@ -121,7 +121,8 @@ def main(argv=None):
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients, closed-loop load")
     parser.add_argument("--small-batch", type=int, default=16, help="texts per request, closed-loop load")
     parser.add_argument("--seconds", type=float, default=8.0, help="measured window of each closed-loop run")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds; every client is measured once per round")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="rounds; every client is measured once per round (an even number cancels a steady drift)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
 
@@ -136,9 +137,9 @@ def main(argv=None):
     with Service(ZEROMQ, ["--http-port", str(http_port)], model=args.model) as service:
         model = wait_gateway(url)
         engines = [service, OpenAiSdk(url, model, "float"), OpenAiSdk(url, model, "base64"), BertEncode(url)]
-        for round_ in range(1, args.rounds + 1):
+        for round_, turn in enumerate(load.turn_orders(len(engines), args.rounds), 1):
             for load_name, measure in loads.items():
-                for engine in engines:
+                for engine in (engines[index] for index in turn):
                     result = measure(engine)
                     runs.setdefault((load_name, engine.name), []).append(result)
                     print(f"round {round_}, {load_name}, {engine.name}: {result['sentences_per_s']} sent./s, "

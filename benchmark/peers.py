@@ -58,14 +58,15 @@ def cells(texts=1024, clients=8, batch=16, seconds=5.0, single=300):
 
 
 def compare(engines, cells, tokens, rounds):
-    """Every engine on every cell, engines alternated within each round. engines: name -> a
-    function measuring one request. Returns the rows, one per engine, cell and round."""
-    rows = []
-    for round_ in range(rounds):
-        for name, run in engines.items():
+    """Every engine on every cell, engines alternated within each round, each round in the other
+    order (load.turn_orders). engines: name -> a function measuring one request. Returns the rows,
+    one per engine, cell and round."""
+    rows, names = [], list(engines)
+    for round_, turn in enumerate(load.turn_orders(len(names), rounds)):
+        for name in (names[index] for index in turn):
             for cell, request in cells.items():
                 rows.append({"engine": name, "cell": cell, "round": round_,
-                             **run({**request, "tokens": tokens[request["kind"]]})})
+                             **engines[name]({**request, "tokens": tokens[request["kind"]]})})
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 

@@ -113,13 +113,17 @@ def test_engines_take_turns_run_by_run_and_each_gets_the_median_of_its_own_runs(
     from benchmark.load import taking_turns
     order = []
 
-    def run(engine):
+    def run(engine):  # a host that speeds up run by run
         order.append(engine)
         return {"sentences_per_s": len(order)}
 
-    medians = taking_turns(["in-process", "service"], run, repeats=3)
-    assert order == ["in-process", "service"] * 3
-    assert medians == [{"sentences_per_s": 3}, {"sentences_per_s": 4}]
+    medians = taking_turns(["in-process", "service"], run, repeats=4)
+    # each round in the other order: the drift favours neither (always in-process first: 4 against 5)
+    assert order == ["in-process", "service", "service", "in-process"] * 2
+    assert medians == [{"sentences_per_s": 4.5}, {"sentences_per_s": 4.5}]
+    order.clear()
+    assert taking_turns(["a", "b", "c"], run, repeats=4) == [{"sentences_per_s": 6.5}] * 3
+    assert order == ["a", "b", "c", "c", "b", "a"] * 2
 
 
 def test_cpu_split_groups_perf_rows_by_process_and_by_what_ran():
