@@ -3,6 +3,7 @@
 Servers (our service, infinity) run as separate process trees whose peak RSS is sampled. Each
 engine gives `client()`: a fresh object with `encode(texts) -> None`, one per concurrent user.
 """
+import json
 import os
 import signal
 import socket
@@ -139,19 +140,20 @@ class Service(_Server):
         return status["ready"]
 
     def diagnosis(self):
-        """Whether a client in a process of its own gets an answer: it tells a server that answers no
-        one from a fault in this process's own ZeroMQ state."""
-        code = ("import sys\nfrom encoder_client import EncoderClient\n"
-                "with EncoderClient('127.0.0.1', int(sys.argv[1]), int(sys.argv[2]), timeout=5) as client:\n"
-                "    status = client.server_status\n"
-                "print({key: status[key] for key in ('ready', 'workers_alive', 'in_flight_requests')})")
+        """Whether a client in a process of its own (`encoder-server status`) gets an answer: it tells
+        a server that answers no one from a fault in this process's own ZeroMQ state."""
+        command = [sys.executable, "-m", "encoder_server.cli", "status", "--host", "127.0.0.1",
+                   "--port", str(self.port), "--port-out", str(self.port_out)]
         try:
-            result = subprocess.run([sys.executable, "-c", code, str(self.port), str(self.port_out)], cwd=ROOT,
-                                    capture_output=True, text=True, timeout=30)
+            result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=30)
         except subprocess.TimeoutExpired:
             return "a client in a process of its own: no answer within 30 s"
-        said = (result.stdout.strip() or result.stderr.strip()).splitlines()
-        return f"a client in a process of its own: {said[-1] if said else f'exit code {result.returncode}'}"
+        try:
+            status = json.loads(result.stdout)
+            said = str({key: status.get(key) for key in ("ready", "workers_alive", "in_flight_requests")})
+        except ValueError:  # no answer: the command says why on stderr
+            said = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
+        return f"a client in a process of its own: {said}"
 
     def client(self):
         from encoder_client import EncoderClient
