@@ -3,7 +3,7 @@ cells): `perf record -a` over one cell's window, split by process (the clients, 
 sink, the workers, and ZeroMQ's I/O threads of them all) and by what ran (the Python interpreter, the
 kernel, ZeroMQ, other native code such as numpy, orjson or libc), in percent of all CPU time.
 
-    python -m benchmark.cpu_split [--batch 1] [--clients 32] [--seconds 5]
+    python -m benchmark.cpu_split [--batch 1] [--clients 32] [--seconds 5] [-- server flags]
 
 It needs Linux `perf` and the right to record every CPU (root, or perf_event_paranoid at most 0).
 """
@@ -80,10 +80,12 @@ def record(window, data):
                    check=True, capture_output=True, timeout=seconds + 60)
 
 
-def measure(batch=1, clients=32, seconds=5.0, loaders=2):
-    """(the cell's closed-loop figures, {process: {kind: percent}}) on the zero backend."""
+def measure(batch=1, clients=32, seconds=5.0, loaders=2, flags=()):
+    """(the cell's closed-loop figures, {process: {kind: percent}}) on the zero backend, the server
+    started with `flags` beside its defaults."""
     with tempfile.TemporaryDirectory() as folder, \
-            engines.Service("service (zero backend)", ("--backend", "zero"), env=pipeline.ZERO_BACKEND) as server:
+            engines.Service("service (zero backend)", ("--backend", "zero", *flags),
+                            env=pipeline.ZERO_BACKEND) as server:
         data = Path(folder) / "perf.data"
         cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders,
                                     server.process.pid, during=lambda window: record(window, data))
@@ -98,8 +100,9 @@ def main(argv=None):
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--loaders", type=int, default=2, help="client processes")
+    parser.add_argument("flags", nargs="*", help="server flags, after --")
     args = parser.parse_args(argv)
-    cell, shares = measure(args.batch, args.clients, args.seconds, args.loaders)
+    cell, shares = measure(args.batch, args.clients, args.seconds, args.loaders, args.flags)
     print(json.dumps({"cell": cell, "percent_of_cpu": shares}))
     print("\n".join(table(shares)))
     return 0
