@@ -1,7 +1,9 @@
 """The server's own ceiling: requests through ventilator -> workers -> sink on the zero backend
 (encoder_server/model/zero_backend.py), which runs no model, so that what limits the rate is the
 server's own work per request and per text (and the clients', which run beside it on the same
-cores, as they do in every scenario here).
+cores, as they do in every scenario here). The server schedules it as it does a GPU, the device
+whose ceiling this is (model/passes.py's on_a_fast_device): passes cut by the token budget and the
+row limit alone, and three bulk jobs held per lane.
 
     python -m benchmark.pipeline [--seconds 5] [--repeats 3] [--loaders 2] [-- server flags]
 

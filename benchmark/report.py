@@ -136,7 +136,8 @@ def _pipeline_table(rows):
     stages = ("ventilator", "sink", "workers", "clients")
     lines = ["## The server's own ceiling", "",
              "The service on the zero backend (`benchmark/pipeline.py`; `ENCODER_SERVER_ZERO_BACKEND=1`), which "
-             "tokenizes and plans passes as usual but runs no model, with its defaults; the clients run on the same "
+             "tokenizes as usual but runs no model and is scheduled as a GPU is (passes cut by the token budget "
+             "and row limit alone, three bulk jobs held per lane), with its defaults; the clients run on the same "
              "cores. Each stage's CPU time per request is what it spent over the window divided by the requests "
              "served: one ventilator and one sink can serve at most 1e6 / (their µs) requests a second however many "
              "workers a host has.", "",

@@ -14,6 +14,7 @@ from .model.backends import default_backend
 from .model.cpus import default_cuda_workers, default_workers, usable_cpus
 from .model.gpu_memory import cuda_device_bytes, worker_bytes, workers_that_fit
 from .model.model_folder import ConfigError
+from .model.passes import on_a_fast_device
 from .model.spec import (COMPUTE, MODEL, SCHEDULING, ModelSpec, check_bounds, choice, choices_of,
                          resolve_spec, unless_chosen)
 from .served_models import check_names, model_entries
@@ -221,7 +222,7 @@ def default_prefetch_size(settings):
     three, the median of ten alternated rounds, 0.99-1.29x each; one-text requests, which go on the
     priority queue, unchanged). Holding more costs fairness: a job dealt to a worker waits there,
     whichever client sends next."""
-    return 3 if settings.device == "cuda" or settings.backend == "zero" else 2
+    return 3 if on_a_fast_device(settings.device, settings.backend) else 2
 
 
 def _cuda_workers_that_fit(settings, gpu_share):

@@ -93,14 +93,21 @@ def _joined(rows, lengths):
 # its size. On a GPU a pass's fixed cost (its launches or a graph's replay, the copies in and out,
 # the wait for its rows: 0.45 ms for one short text on an H200 with CUDA graphs) would compute
 # thousands of tokens, more than a pass holds, so there passes are cut by the budget and the row
-# limit alone.
+# limit alone; so too on the zero backend, where padding costs nothing.
 PASS_COST_TOKENS = 16
 GPU_PASS_COST_TOKENS = math.inf
 
 
-def pass_cost_tokens(device):
-    """What one more forward pass costs on `device`, in padded tokens."""
-    return GPU_PASS_COST_TOKENS if device == "cuda" else PASS_COST_TOKENS
+def on_a_fast_device(device, backend=None):
+    """Whether a pass is short beside the work around it: on a GPU, and on the zero backend, which
+    stands in for an infinitely fast device (benchmark/pipeline.py), so that it measures the
+    server's own work as a GPU host would do it."""
+    return device == "cuda" or backend == "zero"
+
+
+def pass_cost_tokens(device, backend=None):
+    """What one more forward pass costs on `device` (or `backend`), in padded tokens."""
+    return GPU_PASS_COST_TOKENS if on_a_fast_device(device, backend) else PASS_COST_TOKENS
 
 
 def group_sizes(lengths, max_tokens, max_rows, pass_cost=PASS_COST_TOKENS):
@@ -138,5 +145,6 @@ def plan_passes(encoding, max_tokens, max_rows, pad_id=0, pass_cost=PASS_COST_TO
 
 
 def passes_for(spec, encoding, pad_id=0):
-    """plan_passes within a model spec's token budget and row limit, at its device's pass cost."""
-    return plan_passes(encoding, spec.max_batch_tokens, spec.max_batch_size, pad_id, pass_cost_tokens(spec.device))
+    """plan_passes within a model spec's token budget and row limit, at its device's (or backend's) pass cost."""
+    return plan_passes(encoding, spec.max_batch_tokens, spec.max_batch_size, pad_id,
+                       pass_cost_tokens(spec.device, spec.backend))

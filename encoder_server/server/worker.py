@@ -75,7 +75,7 @@ class Worker:
         self.model = open_model(settings, lone_threads, python_pieces=settings.tokenizer_threads == 1)
         self.kind = settings.kind
         self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.model.tokenizer.pad_id,
-                                    pass_cost_tokens(settings.device))
+                                    pass_cost_tokens(settings.device, settings.backend))
         self.batch_wait_s = settings.batch_wait_ms / 1000
         self.received = queue.SimpleQueue()  # (job, monotonic arrival), from intake to prefetch
         self.outbox = queue.SimpleQueue()    # Dropped, Refused and Ready messages, for intake to send

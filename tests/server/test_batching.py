@@ -268,6 +268,8 @@ def test_on_a_gpu_rows_of_any_length_fill_a_pass_up_to_the_budget_and_the_row_li
     assert passes("cuda") == [sorted(lengths + [4, 9])]
     assert len(passes("cpu")) >= 2
     assert [len(rows) for rows in passes("cuda", max_size=4)] == [4, 4, 2]
+    assert pass_cost_tokens("cpu", "zero") == pass_cost_tokens("cuda")  # a stand-in for a fast device
+    assert pass_cost_tokens("cpu", "onnx") == pass_cost_tokens("cpu") < pass_cost_tokens("cuda", "torch")
 
 
 # ----- lanes -----
