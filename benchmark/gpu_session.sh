@@ -16,8 +16,9 @@
 #   pipeline  what one hop between two processes costs there (benchmark/hops.py), then the server's own
 #             ceiling on the zero backend, on the host's 16 cores, clients in 8 processes
 #   graphs    CUDA graphs (on by default): their CUDA tests, the backend with and without them
-#             (benchmark/cuda_passes.py), and the service at 8 workers in fp16 with and without them, 8 in
-#             fp32 and 4 in fp16 with them, beside sentence-transformers in fp16
+#             (benchmark/cuda_passes.py), and the service at 8 workers in fp16 with and without them, and
+#             holding 2 bulk jobs a lane instead of the default 3 on cuda, 8 in fp32 with them, beside
+#             sentence-transformers in fp16
 #
 #   device run, carry [".device"], timeout_s 600:  bash benchmark/gpu_session.sh
 #   a second call, if device time is left:         bash benchmark/gpu_session.sh graphs
@@ -59,7 +60,7 @@ for name in $STEPS; do
         graphs) step graph-tests 120 "$PYTHON" -m pytest -v -p no:cacheprovider -m cuda tests/cuda -k "graphs or memory"
                 DEVICE=cuda step graph-passes 60 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --count 1024 --only graphs
                 step graph-sweep 200 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --baselines fp16 --services \
-                    8:fp16 8:fp16:eager 8:fp32 4:fp16 --out "$OUT/graph-sweep.json" ;;
+                    8:fp16 8:fp16:eager 8:fp16:prefetch2 8:fp32 --out "$OUT/graph-sweep.json" ;;
         pipeline) step pipeline 120 "$PYTHON" -m benchmark.pipeline --model "$MODEL" --seconds 5 --repeats 1 \
                       --loaders 8 --out "$OUT/pipeline.json" ;;
         *) echo "unknown step $name (tests, model, sweep, passes, precision, pipeline, graphs)"; exit 2 ;;

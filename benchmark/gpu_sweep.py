@@ -54,25 +54,29 @@ def engines_to_run(model, workers, log_dir, wide_rows=0, services=None, baseline
          for name, flags in services]
 
 
-def _service(count, fp16, rows=None, eager=False, tokenizers=None, lanes=None):
+def _service(count, fp16, rows=None, eager=False, tokenizers=None, lanes=None, prefetch=None):
     """(name, flags) of the service at `count` workers, in fp16 or not, `rows` a pass (None: the
     default), `eager`: without CUDA graphs (which torch on cuda runs by default), `tokenizers`
-    threads tokenizing and `lanes` passes at once in each worker (None: the defaults)."""
+    threads tokenizing, `lanes` passes at once and `prefetch` bulk jobs held a lane in each worker
+    (None: the defaults)."""
     name = ", ".join([f"{count} worker{'s' if count > 1 else ''}", _precision(fp16),
                       *([f"{rows} rows a pass"] if rows else []), *([f"{lanes} lanes"] if lanes else []),
-                      *([f"{tokenizers} tokenizing"] if tokenizers else []), *(["no CUDA graphs"] if eager else [])])
+                      *([f"{tokenizers} tokenizing"] if tokenizers else []),
+                      *([f"{prefetch} jobs held a lane"] if prefetch else []), *(["no CUDA graphs"] if eager else [])])
     return name, ("--device", DEVICE, "--num-worker", str(count), *(("--fp16",) if fp16 else ()),
                   *(("--max-batch-size", str(rows)) if rows else ()), *(("--lanes", str(lanes)) if lanes else ()),
                   *(("--tokenizer-threads", str(tokenizers)) if tokenizers else ()),
+                  *(("--prefetch-size", str(prefetch)) if prefetch else ()),
                   *(("--no-cuda-graphs",) if eager else ()))
 
 
-SERVICE_OPTIONS = {"rows": "rows", "tok": "tokenizers", "lanes": "lanes"}  # NAME then a number: _service's argument
+# NAME then a number: _service's argument
+SERVICE_OPTIONS = {"rows": "rows", "tok": "tokenizers", "lanes": "lanes", "prefetch": "prefetch"}
 
 
 def parse_service(text):
-    """A service configuration named as WORKERS:PRECISION[:eager][:rowsN][:tokN][:lanesN], such as
-    8:fp16:eager or 2:fp16:tok6:lanes2."""
+    """A service configuration named as WORKERS:PRECISION[:eager][:rowsN][:tokN][:lanesN][:prefetchN],
+    such as 8:fp16:eager or 2:fp16:tok6:lanes2."""
     count, precision, *options = text.split(":")
     numbers, unknown = {}, []
     for option in options:
@@ -82,7 +86,8 @@ def parse_service(text):
         elif option != "eager":
             unknown.append(option)
     if unknown or precision not in ("fp32", "fp16") or not count.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected WORKERS:fp32|fp16[:eager][:rowsN][:tokN][:lanesN]")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected "
+                                         "WORKERS:fp32|fp16[:eager][:rowsN][:tokN][:lanesN][:prefetchN]")
     return _service(int(count), precision == "fp16", eager="eager" in options, **numbers)
 
 
@@ -188,9 +193,9 @@ def main(argv=None):
     parser.add_argument("--wide-rows", type=int, default=256,
                         help="the most workers once more with passes of up to this many rows (0: not)")
     parser.add_argument("--services", type=parse_service, nargs="+",
-                        help="these configurations instead, each WORKERS:fp32|fp16[:eager][:rowsN][:tokN][:lanesN] "
-                             "(eager: without CUDA graphs; tok: threads tokenizing in each worker; lanes: its "
-                             "passes at once)")
+                        help="these configurations instead, each WORKERS:fp32|fp16[:eager][:rowsN][:tokN][:lanesN]"
+                             "[:prefetchN] (eager: without CUDA graphs; tok: threads tokenizing in each worker; "
+                             "lanes: its passes at once; prefetch: bulk jobs it holds a lane)")
     parser.add_argument("--baselines", nargs="*", choices=("fp32", "fp16"),
                         help="sentence-transformers in these precisions (default: fp32, and fp16 on cuda)")
     parser.add_argument("--seconds", type=float, default=5.0)
