@@ -55,7 +55,8 @@ class Settings(ModelSpec):
                                                    "forward pass", minimum=0)
     prefetch_size: int = choice(None, SCHEDULING, "bulk jobs a worker holds per lane, the one it runs included "
                                                   "(default: 2; 3 on cuda and on the zero backend, whose passes end "
-                                                  "before news of the last one reaches the ventilator)", minimum=1)
+                                                  "about as fast as the word of a finished job reaches the "
+                                                  "ventilator)", minimum=1)
     drain_timeout: float = choice(10.0, SCHEDULING, "seconds that in-flight requests get to finish on stop "
                                                     "(below docker stop's 10 s grace with the rest of the stop)",
                                   minimum=0)
@@ -211,17 +212,16 @@ def default_tokenizer_threads(settings, cpus):
 
 
 def default_prefetch_size(settings):
-    """Bulk jobs a worker holds per lane: the one it runs and one tokenized ahead; on a device whose
-    passes are short, one more. A worker's room for the next job opens only once its finished part
-    has gone to the sink and the sink's word to the ventilator, which then deals the job: two hops
-    and a third back (a round trip between two processes, two hops, takes about 230 µs on an idle
-    2-core host: `python -m benchmark.hops`; longer under load). A CPU's 64-text pass takes tens of ms,
-    so two jobs hide that trip; a pass on a GPU, or on the zero backend that stands in for an
-    infinitely fast one, takes about as long as the trip, and with two the worker waits for its next
-    job (on the zero backend, 2 cores, 32 clients sending 32 short texts: 1.07x the texts/s with
-    three, the median of ten alternated rounds, 0.99-1.29x each; one-text requests, which go on the
-    priority queue, unchanged). Holding more costs fairness: a job dealt to a worker waits there,
-    whichever client sends next."""
+    """Bulk jobs a worker holds per lane: the one it runs and one tokenized ahead; on a fast device
+    (model/passes.py), one more. A worker's room for its next job opens only once its finished part
+    has reached the sink, the sink's word the ventilator, and the next job the worker: three hops
+    (two take about 230 µs on an idle 2-core host, `python -m benchmark.hops`; longer under load).
+    A CPU's 64-text pass takes tens of ms, so two jobs hide that trip; a pass on a GPU, or on the
+    zero backend, takes about as long as the trip, and with two the worker waits for its next job
+    (zero backend, 2 cores, 32 clients sending 32 short texts: 1.07x the texts/s with three, the
+    median of ten alternated rounds, 0.99-1.29x each; one-text requests, which go on the priority
+    queue, unchanged). Holding more costs fairness: a job dealt to a worker waits there, whichever
+    client sends next."""
     return 3 if on_a_fast_device(settings.device, settings.backend) else 2
 
 
