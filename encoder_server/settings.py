@@ -14,7 +14,6 @@ from .model.backends import default_backend
 from .model.cpus import default_cuda_workers, default_workers, usable_cpus
 from .model.gpu_memory import cuda_device_bytes, worker_bytes, workers_that_fit
 from .model.model_folder import ConfigError
-from .model.passes import on_a_fast_device
 from .model.spec import (COMPUTE, MODEL, SCHEDULING, ModelSpec, check_bounds, choice, choices_of,
                          resolve_spec, unless_chosen)
 from .served_models import check_names, model_entries
@@ -54,9 +53,9 @@ class Settings(ModelSpec):
     batch_wait_ms: float = choice(0.0, SCHEDULING, "how long small requests may wait for others to share their "
                                                    "forward pass", minimum=0)
     prefetch_size: int = choice(None, SCHEDULING, "bulk jobs a worker holds per lane, the one it runs included "
-                                                  "(default: 2; 3 on cuda and on the zero backend, whose passes end "
-                                                  "about as fast as the word of a finished job reaches the "
-                                                  "ventilator)", minimum=1)
+                                                  "(default, by each worker's device: 2; 3 on cuda and on the zero "
+                                                  "backend, whose passes end about as fast as the word of a "
+                                                  "finished job reaches the ventilator)", minimum=1)
     drain_timeout: float = choice(10.0, SCHEDULING, "seconds that in-flight requests get to finish on stop "
                                                     "(below docker stop's 10 s grace with the rest of the stop)",
                                   minimum=0)
@@ -179,7 +178,6 @@ def _resolve_one(choices, cpus, gpu_share, default):
         settings = replace(settings, num_worker=_cuda_workers_that_fit(settings, gpu_share))
     settings = replace(settings, tokenizer_threads=unless_chosen(chosen.tokenizer_threads,
                                                                  default_tokenizer_threads(settings, cpus)))
-    settings = replace(settings, prefetch_size=unless_chosen(chosen.prefetch_size, default_prefetch_size(settings)))
     aliases = CLIENT_DEFAULT_NAMES if default and settings.kind == "embed" else ()
     return replace(
         settings, model_name=tuple(dict.fromkeys((*(names or ()), settings.served_name, *(chosen.model_name or ()),
@@ -209,20 +207,6 @@ def default_tokenizer_threads(settings, cpus):
     with one tokenizing thread takes plain texts of a WordPiece model through Python's faster path,
     which holds the GIL, see model/word_pieces.py.)"""
     return max(1, cpus // (2 * settings.num_worker)) if settings.device == "cuda" else 1
-
-
-def default_prefetch_size(settings):
-    """Bulk jobs a worker holds per lane: the one it runs and one tokenized ahead; on a fast device
-    (model/passes.py), one more. A worker's room for its next job opens only once its finished part
-    has reached the sink, the sink's word the ventilator, and the next job the worker: three hops
-    (two take about 230 µs on an idle 2-core host, `python -m benchmark.hops`; longer under load).
-    A CPU's 64-text pass takes tens of ms, so two jobs hide that trip; a pass on a GPU, or on the
-    zero backend, takes about as long as the trip, and with two the worker waits for its next job
-    (zero backend, 2 cores, 32 clients sending 32 short texts: 1.07x the texts/s with three, the
-    median of ten alternated rounds, 0.99-1.29x each; one-text requests, which go on the priority
-    queue, unchanged). Holding more costs fairness: a job dealt to a worker waits there, whichever
-    client sends next."""
-    return 3 if on_a_fast_device(settings.device, settings.backend) else 2
 
 
 def _cuda_workers_that_fit(settings, gpu_share):

@@ -38,7 +38,7 @@ from .wire import MessageError, as_bytes, count, from_json, is_count, object_of,
 _KINDS = {}
 # the version of these messages: a worker that says READY with another (one of an older release on
 # another host) is refused, with a line in the log, instead of being dealt jobs it cannot read
-INTERNAL_PROTOCOL = 3
+INTERNAL_PROTOCOL = 4
 RESTART_ERROR = "a process of the server died and was restarted while this request was in flight; send it again"
 
 
@@ -143,6 +143,7 @@ class Ready:
     model: str = None        # the name of the model it serves (None: the default model)
     calibration: dict = None # int8 ranges of its model on the built-in sample (worker.calibrate)
     protocol: int = None     # the INTERNAL_PROTOCOL it speaks
+    fast: bool = False       # whether its passes are short (a GPU, the zero backend): it is dealt a job more
 
     def frames(self):
         return [self.KIND, to_json(vars(self))]

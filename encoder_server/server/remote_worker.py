@@ -24,7 +24,7 @@ from .worker_pool import MAX_FAILED_STARTS, WorkerPool
 WATCH_INTERVAL = 0.5
 # the server's choices that decide what a worker computes and how it batches (a reranker has no pooling)
 _POOLING = ("pooling_strategy", "pooling_layer", "mask_cls_sep", "normalize")
-_COPIED = _POOLING + ("kind", "max_seq_len", "max_batch_size", "priority_batch_size", "batch_wait_ms", "prefetch_size",
+_COPIED = _POOLING + ("kind", "max_seq_len", "max_batch_size", "priority_batch_size", "batch_wait_ms",
                       "min_quant_cosine")
 
 

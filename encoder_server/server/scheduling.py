@@ -4,9 +4,10 @@ Each served model has its own queues and its own workers, and a job only ever go
 its request's model, so a flood on one model never delays another's. Within a model, small requests
 go to the priority queue, spread over the workers that are idle. Large ones become mini-jobs in a
 per-client round-robin queue, so one client's 100k texts cannot starve another's 5k. A worker holds
-at most `prefetch_size` bulk jobs per lane (the forward passes it runs at once), plus one for each
-thread it tokenizes on beyond the first, and at most `max_batch_size` texts of priority jobs per
-lane, so a priority job always finds room and runs before anything the worker has buffered.
+at most `prefetch_size` bulk jobs per lane (the forward passes it runs at once; by default as many
+as its device needs, see held_per_lane), plus one for each thread it tokenizes on beyond the first,
+and at most `max_batch_size` texts of priority jobs per lane, so a priority job always finds room
+and runs before anything the worker has buffered.
 
 When a worker dies, its unfinished jobs go back to the front of their queue as suspects. A suspect
 runs alone on an idle worker, so a second death pins it down: its request is failed (poisoned input)
@@ -22,6 +23,22 @@ from .messages import Job
 MAX_ATTEMPTS = 2  # a job whose worker died this many times fails its request
 MAX_LANES = 64    # the most lanes a worker's READY may claim
 MAX_TOKENIZER_THREADS = 64  # and the most threads tokenizing ahead of them
+HELD_PER_LANE = 2       # bulk jobs a lane holds by default: the one it runs, and one tokenized ahead
+HELD_PER_FAST_LANE = 3  # and on a fast device (a GPU, the zero backend): one more, in transit
+
+
+def held_per_lane(prefetch_size, fast):
+    """Bulk jobs a worker holds per lane: `prefetch_size` where the server was given one, else by
+    its device. A worker's room for its next job opens only once its finished part has reached the
+    sink, the sink's word the ventilator, and the next job the worker: three hops (two take about
+    230 µs on an idle 2-core host, `python -m benchmark.hops`; longer under load). A CPU's 64-text
+    pass takes tens of ms, so two jobs hide that trip; a pass on a GPU, or on the zero backend,
+    takes about as long as the trip, and with two the worker waits for its next job (zero backend,
+    2 cores, 32 clients sending 32 short texts: 1.07x the texts/s with three, the median of ten
+    alternated rounds, 0.99-1.29x each; one-text requests, which go on the priority queue,
+    unchanged). Holding more costs fairness: a job dealt to a worker waits there, whichever client
+    sends next."""
+    return prefetch_size or (HELD_PER_FAST_LANE if fast else HELD_PER_LANE)
 
 
 def split_request(seq, texts, priority_batch_size, max_batch_size, job_ids, priority_pieces=1, **flags):
@@ -95,6 +112,7 @@ class _WorkerLoad:
     lanes: int = 1    # forward passes it runs at once
     tokenizers: int = 1  # threads it tokenizes jobs on, ahead of its lanes
     model: int = 0    # the index of the model it serves
+    fast: bool = False  # whether its passes are short (model/passes.on_a_fast_device)
 
 
 @dataclass
@@ -111,7 +129,8 @@ class Admitted:
 
 
 class Dispatcher:
-    def __init__(self, priority_batch_size=16, max_batch_size=256, prefetch_size=2, first_job_id=1):
+    def __init__(self, priority_batch_size=16, max_batch_size=256, prefetch_size=None, first_job_id=1):
+        """`prefetch_size`: bulk jobs each worker holds per lane (None: by its device, held_per_lane)."""
         self.priority_batch_size = priority_batch_size
         self.max_batch_size = max_batch_size
         self.prefetch_size = prefetch_size
@@ -255,11 +274,11 @@ class Dispatcher:
 
     # ----- workers -----
 
-    def add_worker(self, worker, lanes=1, model=0, tokenizers=1):
+    def add_worker(self, worker, lanes=1, model=0, tokenizers=1, fast=False):
         """A worker of `model` (an index); `lanes` and `tokenizers` as it says, within 1..MAX_LANES and
-        1..MAX_TOKENIZER_THREADS: a worker cannot claim the whole queue."""
+        1..MAX_TOKENIZER_THREADS: a worker cannot claim the whole queue; `fast` as it says of its device."""
         load = self._workers.setdefault(worker, _WorkerLoad(model=model))
-        load.lanes, load.model = min(max(1, lanes), MAX_LANES), model
+        load.lanes, load.model, load.fast = min(max(1, lanes), MAX_LANES), model, fast
         load.tokenizers = min(max(1, tokenizers), MAX_TOKENIZER_THREADS)
 
     def remove_worker(self, worker, crashed=True):
@@ -317,9 +336,9 @@ class Dispatcher:
         return None, None
 
     def _has_bulk_room(self, load):
-        """prefetch_size bulk jobs per lane keep its lanes fed; each thread tokenizing beyond the first
+        """held_per_lane bulk jobs per lane keep its lanes fed; each thread tokenizing beyond the first
         needs one more to work on."""
-        return load.bulk_jobs < self.prefetch_size * load.lanes + load.tokenizers - 1
+        return load.bulk_jobs < held_per_lane(self.prefetch_size, load.fast) * load.lanes + load.tokenizers - 1
 
     def _worker_for(self, job, model, has_room):
         """A worker of `model`: a suspect job runs alone on an idle one; other jobs avoid one holding a

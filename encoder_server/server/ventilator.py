@@ -281,7 +281,7 @@ class Ventilator:
             self.lose(self.liveness.misbehaved(worker, now, "serves a model this server does not"))
             return
         self.lose(self.liveness.ready(worker, message, now))
-        self.dispatcher.add_worker(worker, message.lanes, model, message.tokenizers)
+        self.dispatcher.add_worker(worker, message.lanes, model, message.tokenizers, message.fast)
         calibration = self.books.calibration
         if model not in calibration and is_calibration(message.calibration, self.models[model].embedding_dim):
             calibration[model] = message.calibration

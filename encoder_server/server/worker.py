@@ -41,7 +41,7 @@ import zmq
 from encoder_client.protocol import BAD_REQUEST
 
 from ..model.cpus import lone_lane_threads
-from ..model.passes import pass_cost_tokens
+from ..model.passes import on_a_fast_device, pass_cost_tokens
 from ..model.prepare import open_model
 from ..model.sample import SAMPLE
 from ..processes import start_child
@@ -74,6 +74,7 @@ class Worker:
         # through tokenizers, which releases the GIL: Python's WordPiece is for a worker's one thread
         self.model = open_model(settings, lone_threads, python_pieces=settings.tokenizer_threads == 1)
         self.kind = settings.kind
+        self.fast = on_a_fast_device(settings.device, settings.backend)
         self.planner = BatchPlanner(settings.max_batch_tokens, settings.max_batch_size, self.model.tokenizer.pad_id,
                                     pass_cost_tokens(settings.device, settings.backend))
         self.batch_wait_s = settings.batch_wait_ms / 1000
@@ -136,7 +137,7 @@ class Worker:
     def ready(self):
         return messages.Ready(os.getpid(), socket.gethostname(), self.remote, lanes=self.lanes,
                               tokenizers=self.tokenizer_threads, model=self.model_name,
-                              calibration=self.calibration, protocol=messages.INTERNAL_PROTOCOL)
+                              calibration=self.calibration, protocol=messages.INTERNAL_PROTOCOL, fast=self.fast)
 
     def on_message(self, frames, arrived):
         message = messages.decode_or_log(frames, self.log, "the ventilator")

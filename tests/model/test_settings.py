@@ -306,17 +306,10 @@ def test_unsupported_sentence_transformers_pooling(tmp_path, modes):
     assert settings.pooling.strategy == "mean"
 
 
-def test_a_worker_holds_a_third_bulk_job_per_lane_where_passes_are_short(tmp_path):
-    from types import SimpleNamespace
-
-    from encoder_server.settings import default_prefetch_size
+def test_the_bulk_jobs_a_worker_holds_are_left_to_its_device_unless_chosen(tmp_path):
     model = str(plain_folder(tmp_path))
-    assert resolve(model=model).prefetch_size == 2
-    assert resolve(model=model, backend="torch").prefetch_size == 2
+    assert resolve(model=model).prefetch_size is None  # each worker's READY says whether it is fast
     assert resolve(model=model, prefetch_size=5).prefetch_size == 5
-    assert default_prefetch_size(SimpleNamespace(device="cuda", backend="torch")) == 3
-    assert default_prefetch_size(SimpleNamespace(device="cpu", backend="zero")) == 3
-    assert default_prefetch_size(SimpleNamespace(device="cpu", backend="onnx")) == 2
 
 
 def test_fp16_without_cuda(tmp_path):

@@ -20,6 +20,7 @@ EVERY_MESSAGE = [
     messages.Jobs((messages.Job(9, 4, 0, ["one"]),)),
     messages.Jobs((messages.Job(10, 5, 0, ["x"], prompt="\ud800"),)),  # orjson refuses it: json writes and reads it
     messages.Ready(4242, "host-a", remote=True),
+    messages.Ready(4243, "host-b", lanes=2, tokenizers=4, protocol=messages.INTERNAL_PROTOCOL, fast=True),
     messages.Who(),
     messages.Reset(),
     messages.Heartbeat(Metrics().take()),

@@ -4,7 +4,8 @@ import itertools
 import pytest
 
 from encoder_server.server.messages import Job
-from encoder_server.server.scheduling import MAX_LANES, MAX_TOKENIZER_THREADS, Dispatcher, FairQueue, split_request
+from encoder_server.server.scheduling import (MAX_LANES, MAX_TOKENIZER_THREADS, Dispatcher, FairQueue, held_per_lane,
+                                             split_request)
 
 NOW = 100.0  # the ventilator's monotonic clock, for the tests that do not look at time
 
@@ -142,6 +143,17 @@ def test_worker_holds_at_most_prefetch_size_bulk_jobs():
     assert len(again) == 1
     assert again[0][1].offset == 12          # FIFO within the client
     assert d.assignments(NOW) == []
+
+
+def test_a_worker_on_a_fast_device_holds_a_third_bulk_job_per_lane_unless_the_server_says_otherwise():
+    def held(prefetch_size, fast, lanes=1):
+        d = Dispatcher(priority_batch_size=2, max_batch_size=4, prefetch_size=prefetch_size)
+        d.submit(1, b"A", texts(400), NOW)
+        d.add_worker(b"w1", lanes=lanes, fast=fast)
+        return len(d.assignments(NOW))
+    assert [held(None, False), held(None, True), held(None, True, lanes=2)] == [2, 3, 6]
+    assert [held(1, True), held(4, False)] == [1, 4]
+    assert held_per_lane(None, True) == held_per_lane(None, False) + 1
 
 
 def test_bulk_spread_over_workers_by_load():
