@@ -97,8 +97,8 @@ def main(argv=None):
     args = parser.parse_intermixed_args(argv)  # intermixed: flags after -- follow the two trees' options
     texts = (corpus.texts("short", args.singles), corpus.texts(args.kind, 256), corpus.texts("short", args.pipelined))
     results = {"before": [], "after": []}
-    for round_, turn in enumerate(turn_orders(len(results), args.rounds)):
-        for name in (list(results)[index] for index in turn):
+    for round_, turn in enumerate(turn_orders(list(results), args.rounds)):
+        for name in turn:
             results[name].append(measure(getattr(args, name).resolve(), texts, args.repeats,
                                          args.model and args.model.resolve(), args.flags))
             shown = ", ".join(f"{label} {value:.2f}" for label, value in zip(NAMES, results[name][-1]))

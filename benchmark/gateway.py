@@ -137,9 +137,9 @@ def main(argv=None):
     with Service(ZEROMQ, ["--http-port", str(http_port)], model=args.model) as service:
         model = wait_gateway(url)
         engines = [service, OpenAiSdk(url, model, "float"), OpenAiSdk(url, model, "base64"), BertEncode(url)]
-        for round_, turn in enumerate(load.turn_orders(len(engines), args.rounds), 1):
+        for round_, turn in enumerate(load.turn_orders(engines, args.rounds), 1):
             for load_name, measure in loads.items():
-                for engine in (engines[index] for index in turn):
+                for engine in turn:
                     result = measure(engine)
                     runs.setdefault((load_name, engine.name), []).append(result)
                     print(f"round {round_}, {load_name}, {engine.name}: {result['sentences_per_s']} sent./s, "

@@ -87,16 +87,15 @@ def taking_turns(engines, run, repeats):
     minutes, so runs made one engine after another compare moments, not engines). Returns each
     engine's median_of its runs, in the engines' order."""
     runs = [[] for _ in engines]
-    for turn in turn_orders(len(engines), repeats):
-        for index in turn:
-            runs[index].append(run(engines[index]))
+    for turn in turn_orders(list(zip(engines, runs)), repeats):
+        for engine, done in turn:
+            done.append(run(engine))
     return [median_of(done) for done in runs]
 
 
-def turn_orders(count, rounds):
-    """The order in which `count` engines run in each of `rounds` rounds: as given, then reversed,
-    and so on (A B, B A, A B...), so that a drift of the host's speed over the rounds favours none:
-    where every round ran A first, B met the later, faster moments of a host speeding up (two runs of
-    the same server, back to back: the second 0.89-1.08x the first, 2026-11-29)."""
-    forward = list(range(count))
-    return [forward if number % 2 == 0 else forward[::-1] for number in range(rounds)]
+def turn_orders(engines, rounds):
+    """`engines` in the order they run in each of `rounds` rounds: as given, then reversed, and so
+    on (A B, B A, A B...), so that a drift of the host's speed over the rounds favours none: where
+    every round ran A first, B met the later, faster moments of a host speeding up (two runs of the
+    same server, back to back: the second 0.89-1.08x the first, 2026-11-29)."""
+    return [engines if number % 2 == 0 else engines[::-1] for number in range(rounds)]

@@ -61,9 +61,9 @@ def compare(engines, cells, tokens, rounds):
     """Every engine on every cell, engines alternated within each round, each round in the other
     order (load.turn_orders). engines: name -> a function measuring one request. Returns the rows,
     one per engine, cell and round."""
-    rows, names = [], list(engines)
-    for round_, turn in enumerate(load.turn_orders(len(names), rounds)):
-        for name in (names[index] for index in turn):
+    rows = []
+    for round_, turn in enumerate(load.turn_orders(list(engines), rounds)):
+        for name in turn:
             for cell, request in cells.items():
                 rows.append({"engine": name, "cell": cell, "round": round_,
                              **engines[name]({**request, "tokens": tokens[request["kind"]]})})

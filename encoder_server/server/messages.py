@@ -143,7 +143,7 @@ class Ready:
     model: str = None        # the name of the model it serves (None: the default model)
     calibration: dict = None # int8 ranges of its model on the built-in sample (worker.calibrate)
     protocol: int = None     # the INTERNAL_PROTOCOL it speaks
-    fast: bool = False       # whether its passes are short (a GPU, the zero backend): it is dealt a job more
+    fast: bool = False       # whether its passes are short (a GPU, the zero backend): it holds a job more a lane
 
     def frames(self):
         return [self.KIND, to_json(vars(self))]
