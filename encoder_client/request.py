@@ -1,5 +1,7 @@
 """What both clients send, and how they pace retries and the connection handshake. Pure: no sockets."""
+import os
 import secrets
+import struct
 
 from .errors import RequestTooLargeError
 from .json_frames import to_json
@@ -53,8 +55,26 @@ def prepare_encode(texts, is_tokenized=False, show_tokens=False, timeout=None, m
 
 def new_req_id():
     """A fresh request number: random, so that no other peer can guess it and pass off a reply as
-    this request's (a reply is matched to its request by identity and number)."""
-    return secrets.randbits(64)
+    this request's (a reply is matched to its request by identity and number). They are drawn from
+    the OS's generator a batch at a time, a system call per REQ_IDS_PER_DRAW requests, not one each."""
+    global _fresh_req_ids
+    try:
+        return next(_fresh_req_ids)  # one step of a C iterator: safe between threads
+    except StopIteration:
+        _fresh_req_ids = iter(struct.unpack(f"<{REQ_IDS_PER_DRAW}Q", secrets.token_bytes(8 * REQ_IDS_PER_DRAW)))
+        return next(_fresh_req_ids)
+
+
+def _forget_drawn_req_ids():
+    """A forked child draws its own numbers, never the ones its parent has still to use."""
+    global _fresh_req_ids
+    _fresh_req_ids = iter(())
+
+
+REQ_IDS_PER_DRAW = 256
+_forget_drawn_req_ids()
+if hasattr(os, "register_at_fork"):  # (no fork, and no such hook, on Windows)
+    os.register_at_fork(after_in_child=_forget_drawn_req_ids)
 
 
 def max_request_bytes(config):

@@ -1,5 +1,7 @@
 """encoder_client.protocol, encoder_client.validation and encoder_server.server.intake."""
 import json
+import os
+import threading
 
 import numpy as np
 import pytest
@@ -223,6 +225,36 @@ def test_client_request_ids_are_random_64_bit_numbers():
     from encoder_client.request import new_req_id
     ids = {new_req_id() for _ in range(1000)}
     assert len(ids) == 1000 and all(0 <= i < 2 ** 64 for i in ids) and max(ids) > 2 ** 60
+
+
+def test_request_ids_stay_unique_across_threads():
+    from encoder_client.request import REQ_IDS_PER_DRAW, new_req_id
+    drawn = [[] for _ in range(8)]
+    threads = [threading.Thread(target=lambda ids=ids: ids.extend(new_req_id() for _ in range(3 * REQ_IDS_PER_DRAW)))
+               for ids in drawn]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    every = [req_id for ids in drawn for req_id in ids]
+    assert len(every) == 8 * 3 * REQ_IDS_PER_DRAW and len(set(every)) == len(every)
+
+
+def test_a_forked_child_draws_request_ids_of_its_own():
+    """The ids a parent drew ahead are not the child's: a child would otherwise send the very
+    numbers its parent is about to use."""
+    from encoder_client.request import new_req_id
+    new_req_id()  # the parent holds ids drawn ahead
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(writing, b"%d" % new_req_id())
+        os._exit(0)
+    os.close(writing)
+    child = int(os.read(reading, 64))
+    os.waitpid(pid, 0)
+    os.close(reading)
+    assert child not in {new_req_id() for _ in range(1000)}
 
 
 def test_negative_req_id_round_trip():
