@@ -65,8 +65,8 @@ def activation_maxima(path, spec, tensors, texts=None):
     tokenizer = Tokenizer.for_spec(spec)
     encoding = tokenizer.tokenize(SAMPLE if texts is None else texts)
     maxima = {}
-    for ids, pooled in zip(encoding.ids, encoding.pooled):
-        one = Pass.pad([ids], [pooled], tokenizer.pad_id)
+    for index, ids in enumerate(encoding.ids):
+        one = Pass.pad([ids], [encoding.pooled_row(index)], tokenizer.pad_id)
         feed = {item.name: getattr(one, item.name) for item in session.get_inputs()}
         for name, value in zip(tensors, session.run(tensors, feed)):
             high = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)

@@ -81,7 +81,7 @@ class Tokenizer:
         ids = [row.ids for row in encoded]
         skip = 0 if self.include_prompt or not prompt else self._prompt_length(prompt)
         pooled = [[int(i >= skip and not (self.mask_special and s)) for i, s in enumerate(row.special_tokens_mask)]
-                  for row in encoded] if skip or self.mask_special else [[1] * len(row) for row in ids]
+                  for row in encoded] if skip or self.mask_special else None
         tokens = [row.tokens for row in encoded] if with_tokens else None
         return Encoding(ids, pooled, tokens, self._truncated(texts, ids, is_tokenized))
 
@@ -117,7 +117,7 @@ class Tokenizer:
         head, tail = self.frame
         skip = 0 if self.include_prompt or not prompt else self._prompt_length(prompt)
         pooled = [[int(i >= skip and not (self.mask_special and (i < len(head) or i >= len(row) - len(tail))))
-                   for i in range(len(row))] for row in ids]
+                   for i in range(len(row))] for row in ids] if skip or self.mask_special else None
         return Encoding(ids, pooled)
 
     def _all_tokens(self, text):

@@ -83,8 +83,8 @@ def test_prompt_tokens_stay_out_of_pooling_unless_the_model_includes_them(tiny_m
     assert counted.ids == left_out.ids
     prompt_tokens = len(left_out.ids[0]) - 4  # [CLS] "a" "cat" [SEP]: the rest is the prompt
     assert prompt_tokens > 0
-    assert left_out.pooled[0] == [0] * (1 + prompt_tokens) + [1, 1, 1]  # [CLS] and the prompt left out
-    assert all(counted.pooled[0])
+    assert left_out.pooled_row(0) == [0] * (1 + prompt_tokens) + [1, 1, 1]  # [CLS] and the prompt left out
+    assert counted.pooled_row(0) == [1] * len(counted.ids[0])
 
 
 def test_mask_special_leaves_cls_and_sep_out_of_pooling(tiny_model):

@@ -132,6 +132,22 @@ def test_a_lone_row_is_a_pass_of_its_own_arrays_as_a_padded_pass_would_hold_them
     assert lone.token_type_ids.tolist() == (type_ids or [[0] * 5])
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_without_pooling_masks_every_real_token_counts_as_with_masks_of_ones(rows):
+    """An Encoding whose `pooled` is None (every token counts, the usual case) gives the pass that
+    masks of ones would, and mixing it with one that has masks keeps each row's own."""
+    ids = [[101, 7592, 2088, 999, 102], [101, 7, 102], [101, 8, 9, 102]][:rows]
+    ones = [[1] * len(row) for row in ids]
+    plain = Pass.of([(Encoding(ids, None), row) for row in range(rows)], pad_id=9)
+    masked = Pass.pad(ids, ones, pad_id=9)
+    for name in ("input_ids", "attention_mask", "pool_mask", "token_type_ids"):
+        assert getattr(plain, name).tolist() == getattr(masked, name).tolist(), name
+    assert plain.pool_mask is not plain.attention_mask  # two arrays: a backend may own each
+    special = Encoding([[101, 5, 102]], [[0, 1, 0]])
+    mixed = Pass.of([(Encoding(ids, None), 0), (special, 0)], pad_id=9)
+    assert mixed.pool_mask.tolist() == [[1] * 5, [0, 1, 0, 0, 0]]
+
+
 # ----- priority -----
 
 def test_priority_rows_come_before_half_consumed_bulk_job():
