@@ -1,6 +1,7 @@
 """The server's sockets: bounded queues, CURVE, the addresses its processes bind and connect, and
 what a received frame says about its sender."""
 from dataclasses import dataclass
+from functools import partial
 
 import zmq
 
@@ -78,16 +79,29 @@ class Addresses:
 def waiting(sock, copy=True, limit=BURST):
     """The messages waiting on `sock`, which poll said is readable, at most `limit`, without
     blocking: the first is taken at once, each further one once ZeroMQ says it is there (asking
-    costs a µs or two, and a receive that finds nothing raises, which costs more)."""
+    costs a µs or two, and a receive that finds nothing raises, which costs more). With `copy`,
+    each frame as bytes; else as a zmq.Frame."""
+    receive = sock.recv_multipart if copy else partial(_frames, sock)
     try:
-        first = sock.recv_multipart(NOBLOCK, copy=copy)
+        first = receive(NOBLOCK)
     except zmq.Again:  # poll said otherwise: never expected, but never a wait
         return
     yield first
     for _ in range(limit - 1):
         if not readable(sock):
             return
-        yield sock.recv_multipart(copy=copy)
+        yield receive()
+
+
+def _frames(sock, flags=0):
+    """`sock.recv_multipart(flags, copy=False)`, each next frame known from the last one's `more`
+    where pyzmq asks the socket (a µs a frame, on the path of every message)."""
+    frame = sock.recv(flags, copy=False)
+    frames = [frame]
+    while frame.more:  # the rest of a message arrive with its first: no wait
+        frame = sock.recv(copy=False)
+        frames.append(frame)
+    return frames
 
 
 def peer_address(frame):

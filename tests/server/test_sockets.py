@@ -1,8 +1,12 @@
 import subprocess
 import sys
 import textwrap
+import time
 
+import pytest
 import zmq
+
+from encoder_server.server.sockets import waiting
 
 # a process that queues one message for a peer not there yet, says so, and exits
 SENDER = textwrap.dedent("""
@@ -41,3 +45,24 @@ def test_a_stopping_process_lets_its_queued_messages_out(tmp_path):
     exits loses it (pyzmq does not end the context at exit, so the socket's linger never applies)."""
     assert last_message_of_an_exiting_process(tmp_path, "let out") == b"the last reply"
     assert last_message_of_an_exiting_process(tmp_path, "just exit") is None
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_waiting_takes_whole_messages_as_they_were_sent_up_to_its_limit(tmp_path, copy):
+    """Each message whole, frames in order (a one-frame one too), at most `limit` a call, and none
+    lost between calls."""
+    context = zmq.Context.instance()
+    with context.socket(zmq.PULL) as pull, context.socket(zmq.PUSH) as push:
+        pull.setsockopt(zmq.RCVTIMEO, 5000)
+        pull.bind(f"ipc://{tmp_path}/waiting")
+        push.connect(f"ipc://{tmp_path}/waiting")
+        sent = [[b"one"], [b"a", b"", b"c" * 100_000], [b"x", b"y"], [b"last", b"of", b"four", b"frames"]]
+        for message in sent:
+            push.send_multipart(message)
+        assert pull.poll(5000)
+        time.sleep(0.2)  # every message in, so that `limit` and not their arrival ends the first call
+
+        first, second, third = (list(waiting(pull, copy=copy, limit=3)) for _ in range(3))
+        assert [[frame if copy else frame.bytes for frame in message] for message in first + second] == sent
+        assert len(first) == 3 and third == []
+        assert all(isinstance(frame, bytes if copy else zmq.Frame) for message in first + second for frame in message)
