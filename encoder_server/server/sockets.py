@@ -98,7 +98,7 @@ def _frames(sock, flags=0):
     where pyzmq asks the socket (a µs a frame, on the path of every message)."""
     frame = sock.recv(flags, copy=False)
     frames = [frame]
-    while frame.more:  # the rest of a message arrive with its first: no wait
+    while frame.more:  # the rest of a message arrives with its first: no wait
         frame = sock.recv(copy=False)
         frames.append(frame)
     return frames
