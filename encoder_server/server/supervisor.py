@@ -175,10 +175,13 @@ class Supervisor:
                     self.pool.kill(self.events.recv().pid)  # messages.WorkerSilent
             except EOFError:  # the ventilator has gone
                 self.ventilator.join(STOP_TIMEOUT)
-            if self.ventilator.exitcode == 0:
+            # each exit code read once: a ventilator that drained and exited between two reads was
+            # once seen alive by the first and restarted as if it had died by the second
+            exits = [(core, core.exitcode) for core in (self.ventilator, self.sink)]
+            if exits[0][1] == 0:
                 return False  # drained after a TERMINATION request
-            for core in (self.ventilator, self.sink):
-                if core.exitcode is not None and not self.restart_core(core):
+            for core, exitcode in exits:
+                if exitcode is not None and not self.restart_core(core):
                     return True
             self.pool.restart_exited(lambda pid, exitcode: self.tell_ventilator(WorkerExited(pid, exitcode)))
             start_error = self.pool.cannot_start()

@@ -2,15 +2,18 @@
 which is safe only while the supervisor runs one thread and never loads what keeps threads or locks
 of its own (a zmq context, torch, onnxruntime, the tokenizers library): a child would inherit their
 memory without their threads."""
+import multiprocessing
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 
 from conftest import running_server, wait_for
 
-from encoder_server.server.supervisor import child_start_method
+from encoder_server.server.supervisor import Supervisor, child_start_method
 from encoder_server.settings import resolve
 
 HEAVY_LIBRARIES = ("libtorch", "onnxruntime", "tokenizers")
@@ -46,3 +49,44 @@ def test_children_are_spawned_when_any_served_model_runs_on_cuda(tiny_model):
     assert child_start_method(settings.all_models) == "fork"
     on_cuda = replace(settings, device="cuda")
     assert child_start_method(replace(settings, served=(settings, on_cuda)).all_models) == "spawn"
+
+
+class ExitingWhileRead:
+    """A child seen alive at the first read of its exit code and exited by the next, as when it exits
+    while the supervisor looks: its later reads are the real process's."""
+
+    def __init__(self, process):
+        self.process, self.reads = process, 0
+
+    def __getattr__(self, name):
+        return getattr(self.process, name)
+
+    @property
+    def exitcode(self):
+        self.reads += 1
+        return None if self.reads == 1 else self.process.exitcode
+
+
+def test_a_ventilator_that_drains_and_exits_while_the_supervisor_looks_stops_the_server(tiny_model):
+    """Exit code 0 (drained after TERMINATION) stops the server, even when the ventilator exits
+    between two looks: it was once restarted as a ventilator that died, and the server ran on."""
+    context = multiprocessing.get_context("fork")
+    drained, sink = context.Process(target=int), context.Process(target=time.sleep, args=(60,))
+    drained.start()
+    sink.start()
+    drained.join(30)
+    events, theirs = context.Pipe()
+    theirs.close()  # as the exited ventilator's end is
+    supervisor = Supervisor(resolve(model=str(tiny_model)))
+    supervisor.ventilator, supervisor.sink, supervisor.events = ExitingWhileRead(drained), sink, events
+    supervisor.pool = SimpleNamespace(sentinels=[], kill=lambda pid: None, restart_exited=lambda on_exit: None,
+                                      cannot_start=lambda: None)
+    restarted = []
+    supervisor.start_ventilator = lambda: restarted.append("ventilator")
+    try:
+        assert supervisor.watch() is False
+        assert restarted == [] and supervisor.ventilator.reads >= 2
+    finally:
+        sink.kill()
+        sink.join(30)
+        events.close()
