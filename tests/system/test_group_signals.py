@@ -1,10 +1,10 @@
 """Signals to the server's process group and to the supervisor: a graceful stop finishes what is in
 flight, kill -9 leaves no orphan, and a restart on the same ports succeeds at once."""
 import os
+import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -48,32 +48,49 @@ def test_kill_9_of_the_supervisor_takes_its_children_and_a_restart_succeeds_at_o
     assert children_gone_s < 3
 
 
+# what the ventilator logs when it starts draining with requests in flight (the last one whose reply
+# a client has may still count: its DONE can reach the ventilator after the client has its reply)
+IN_FLIGHT_AT_THE_STOP = r"draining: [1-9]\d* requests in flight"
+
+
 def test_graceful_stop_finishes_in_flight_requests(tiny_model, tmp_path):
+    """TERMINATION behind a request on the same connection, so that the request is surely in flight
+    when it is heard (from another connection, 2,000 texts had been served before the `stop`
+    command's interpreter had started, and nothing drained)."""
     texts = random_texts(2000, seed=8, min_words=20, max_words=40)
     with running_server(tiny_model, tmp_path=tmp_path) as server:
         with server.client() as client:
             expected_first = client.encode(texts[:3])
             client.encode(texts, blocking=False)
-            stopper = subprocess.run([sys.executable, "-m", "encoder_server.cli", "stop", "--port", str(server.port),
-                                      "--port-out", str(server.port_out)], capture_output=True, text=True,
-                                     timeout=120)
+            assert client.shutdown_server() == {"terminating": True}
             result = client.fetch_all(concat=True)
-        assert stopper.returncode == 0, stopper.stderr
         assert server.process.wait(30) == 0
+        assert re.search(IN_FLIGHT_AT_THE_STOP, server.log)
     assert result.shape == (2000, 32)
     np.testing.assert_allclose(result[:3], expected_first, atol=1e-6)
 
 
+def test_encoder_server_stop_stops_a_server(tiny_model, tmp_path):
+    with running_server(tiny_model, "--num-worker", "1", tmp_path=tmp_path) as server:
+        stopper = subprocess.run([sys.executable, "-m", "encoder_server.cli", "stop", "--port", str(server.port),
+                                  "--port-out", str(server.port_out)], capture_output=True, text=True, timeout=120)
+        assert stopper.returncode == 0, stopper.stderr
+        assert server.process.wait(30) == 0
+        assert "TERMINATION received from 127.0.0.1" in server.log
+
+
 def test_sigint_stops_cleanly_and_refuses_nothing_in_flight(tiny_model, tmp_path):
-    texts = random_texts(1500, seed=9, min_words=20, max_words=40)
+    """SIGINT to the process group once the server says a request of some seconds is in flight."""
+    texts = random_texts(15_000, seed=9, min_words=20, max_words=40)
     with running_server(tiny_model, tmp_path=tmp_path) as server:
         with server.client() as client:
             client.encode(texts, blocking=False)
-            threading.Timer(0.3, lambda: os.killpg(server.process.pid, signal.SIGINT)).start()
+            wait_for(lambda: server.status()["in_flight_requests"] == 1, timeout=30)
+            os.killpg(server.process.pid, signal.SIGINT)
             result = client.fetch_all(concat=True)
         assert server.process.wait(30) == 0
-        assert "Traceback" not in server.log
-    assert result.shape == (1500, 32)
+        assert "Traceback" not in server.log and re.search(IN_FLIGHT_AT_THE_STOP, server.log)
+    assert result.shape == (15_000, 32)
 
 
 def test_a_stopping_sink_hands_a_slow_reader_the_rest_of_its_streamed_result(tiny_model, tmp_path):
