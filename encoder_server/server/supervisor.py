@@ -175,12 +175,12 @@ class Supervisor:
                     self.pool.kill(self.events.recv().pid)  # messages.WorkerSilent
             except EOFError:  # the ventilator has gone
                 self.ventilator.join(STOP_TIMEOUT)
-            # each exit code read once: a ventilator that drained and exited between two reads was
-            # once seen alive by the first and restarted as if it had died by the second
-            exits = [(core, core.exitcode) for core in (self.ventilator, self.sink)]
-            if exits[0][1] == 0:
+            # each exit code read once: a ventilator exiting between two reads would look alive to
+            # the first and dead to the second, and be restarted though it had drained
+            ventilator_exit, sink_exit = self.ventilator.exitcode, self.sink.exitcode
+            if ventilator_exit == 0:
                 return False  # drained after a TERMINATION request
-            for core, exitcode in exits:
+            for core, exitcode in ((self.ventilator, ventilator_exit), (self.sink, sink_exit)):
                 if exitcode is not None and not self.restart_core(core):
                     return True
             self.pool.restart_exited(lambda pid, exitcode: self.tell_ventilator(WorkerExited(pid, exitcode)))
