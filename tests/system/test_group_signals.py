@@ -13,21 +13,27 @@ import pytest
 from conftest import free_port, group_alive, random_texts, running_server, wait_for
 from encoder_server.server.supervisor import RUN_DIR_PREFIX
 
+# what the ventilator logs when it starts draining with requests in flight (the last one whose reply
+# a client has may still count: its DONE can reach the ventilator after the client has its reply)
+IN_FLIGHT_AT_THE_STOP = r"draining: [1-9]\d* requests in flight"
+
 pytestmark = pytest.mark.timeout(300)
 
 
 def test_sigterm_to_the_whole_group_drains_in_flight_requests(tiny_model, tmp_path):
     """systemd's KillMode, `kill -- -PGID`: children ignore the group's SIGTERM and the supervisor
-    drains; the client's request in flight completes."""
-    texts = random_texts(3000, seed=5, min_words=20, max_words=40)
+    drains; the client's request in flight (a request of some seconds, once the server reports it)
+    completes."""
+    texts = random_texts(15_000, seed=5, min_words=20, max_words=40)
     with running_server(tiny_model, "--num-worker", "1", tmp_path=tmp_path) as server:
         with server.client() as client:
             client.encode(texts, blocking=False)
-            time.sleep(0.3)
+            wait_for(lambda: server.status()["in_flight_requests"] == 1, timeout=30)
             os.killpg(server.process.pid, signal.SIGTERM)
             result = client.fetch_all(concat=True)
         assert server.process.wait(30) == 0
-    assert result.shape == (3000, 32)
+        assert re.search(IN_FLIGHT_AT_THE_STOP, server.log)
+    assert result.shape == (15_000, 32)
 
 
 def test_kill_9_of_the_supervisor_takes_its_children_and_a_restart_succeeds_at_once(tiny_model, tmp_path):
@@ -46,11 +52,6 @@ def test_kill_9_of_the_supervisor_takes_its_children_and_a_restart_succeeds_at_o
                 assert client.encode(["back"]).shape == (1, 32)
             assert not any(path.exists() for path in stale)
     assert children_gone_s < 3
-
-
-# what the ventilator logs when it starts draining with requests in flight (the last one whose reply
-# a client has may still count: its DONE can reach the ventilator after the client has its reply)
-IN_FLIGHT_AT_THE_STOP = r"draining: [1-9]\d* requests in flight"
 
 
 def test_graceful_stop_finishes_in_flight_requests(tiny_model, tmp_path):
