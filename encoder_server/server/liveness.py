@@ -57,11 +57,14 @@ class Liveness:
         self._kept_out = OrderedDict()  # worker -> until when it gets no jobs
         self._next_beat = 0.0
 
-    def ready(self, worker, info, now):
-        """A worker said READY (info: messages.Ready); returns the loss of its old self, if any."""
+    def ready(self, worker, info, now, over_ipc):
+        """A worker said READY (info: messages.Ready); returns the loss of its old self, if any. It is
+        one the local supervisor runs when it says so and came `over_ipc`, which only a process of
+        this host that can reach the server's folder can: a peer on the worker port that claimed a
+        local worker's pid could otherwise have it killed."""
         losses = [self._lose(worker, "connected again", crashed=False)] if worker in self._heard else []
         self._heard[worker] = now
-        if not info.remote and info.host == self.hostname:
+        if over_ipc and not info.remote and info.host == self.hostname:
             self._pids[worker] = info.pid
         return losses
 
@@ -94,13 +97,16 @@ class Liveness:
         return [self._lose(worker, "cannot be reached")] if worker in self._heard else []
 
     def misbehaved(self, worker, now, why="sent a malformed message"):
-        """It sent what no worker of ours sends: forget it and keep it out for a while. Its jobs are
-        no sign that they harm workers (the worker is at fault), so they do not count as crashes."""
+        """It sent what no worker of ours sends: forget it and keep it out for a while. A remote
+        worker's jobs are no sign that they harm workers (the worker is at fault), so they do not
+        count as crashes. A local one runs this server's code, so a job may have caused it (rows not
+        as wide as its model declares): its jobs count as crashed, as when a worker dies, and one
+        that fails on every worker fails its request instead of going round for ever."""
         self._kept_out[worker] = now + KEEP_OUT_SECONDS
         self._kept_out.move_to_end(worker)
         if len(self._kept_out) > KEPT_OUT_LIMIT:
             self._kept_out.popitem(last=False)
-        return [self._lose(worker, why, kill=True, crashed=False)] if worker in self._heard else []
+        return [self._lose(worker, why, kill=True, crashed=worker in self._pids)] if worker in self._heard else []
 
     def kept_out(self, worker, now):
         """Whether `worker` misbehaved lately: whatever it sends is ignored."""

@@ -1,5 +1,6 @@
 """The server's sockets: bounded queues, CURVE, the addresses its processes bind and connect, and
 what a received frame says about its sender."""
+import ipaddress
 from dataclasses import dataclass
 from functools import partial
 
@@ -105,11 +106,14 @@ def _frames(sock, flags=0):
 
 
 def peer_address(frame):
-    """The address a received frame's sender connected from (None for ipc, or when unknown)."""
+    """The IP address a received frame's sender connected from over tcp; None over ipc (where
+    ZeroMQ gives "localhost:UID:GID:PID" from the socket's credentials), or when unknown."""
     try:
-        return frame.get("Peer-Address")
-    except zmq.ZMQError:
+        address = frame.get("Peer-Address")
+        ipaddress.ip_address(address)
+    except (zmq.ZMQError, ValueError):
         return None
+    return address
 
 
 def user_id(frame, curve=True):

@@ -95,7 +95,7 @@ class Ventilator:
                 for frames in waiting(self.frontend, copy=False):
                     self.on_client(frames)
             if self.backend in events:
-                for frames in waiting(self.backend):
+                for frames in waiting(self.backend, copy=False):
                     self.on_worker(frames)
             if self.windowing.fileno() in events:
                 self.on_windows()
@@ -243,7 +243,7 @@ class Ventilator:
     def on_worker(self, frames):
         """A message on the worker port. One that is no message of ours, or that the ventilator
         cannot handle, is logged and dropped, and its sender is no longer a worker of ours."""
-        worker, now = frames[0], time.monotonic()
+        worker, now = frames[0].bytes, time.monotonic()
         if self.liveness.kept_out(worker, now):
             return
         name = worker.decode(errors="replace")
@@ -252,7 +252,7 @@ class Ventilator:
             if message is None:
                 self.lose(self.liveness.misbehaved(worker, now))
             elif isinstance(message, messages.Ready):
-                self.on_ready(worker, message, now)
+                self.on_ready(worker, message, now, over_ipc=peer_address(frames[0]) is None)
             elif self.liveness.heard(worker, now):
                 self.on_worker_report(message)
             else:  # a worker of a ventilator before this one, or one given up for dead: it may join again
@@ -267,7 +267,7 @@ class Ventilator:
         except zmq.ZMQError:
             pass  # gone already (EHOSTUNREACH), or it has connected anew: it says READY by itself
 
-    def on_ready(self, worker, message, now):
+    def on_ready(self, worker, message, now, over_ipc):
         if message.protocol != messages.INTERNAL_PROTOCOL:
             self.log.warning("%s speaks version %s of the workers' protocol, this server %d: run the same release of "
                              "encoder-server on both hosts", worker.decode(errors="replace"), message.protocol,
@@ -280,7 +280,7 @@ class Ventilator:
                              message.model[:100])
             self.lose(self.liveness.misbehaved(worker, now, "serves a model this server does not"))
             return
-        self.lose(self.liveness.ready(worker, message, now))
+        self.lose(self.liveness.ready(worker, message, now, over_ipc))
         self.dispatcher.add_worker(worker, message.lanes, model, message.tokenizers, message.fast)
         calibration = self.books.calibration
         if model not in calibration and is_calibration(message.calibration, self.models[model].embedding_dim):

@@ -235,7 +235,7 @@ class Worker:
 
     def part(self, done):
         """A finished job's Part."""
-        rows = self.finish(done)
+        rows = fault_injection.garbled(self.finish(done), done.job.texts)
         return messages.Part(done.job.seq, done.job.job_id, done.job.offset, rows, self.tokens(done, rows),
                              done.encoding.num_tokens, len(done.encoding.truncated))
 

@@ -23,11 +23,11 @@ def test_config_gives_each_model_the_calibration_its_first_worker_sent(tiny_mode
 def test_status_counts_work_by_outcome_and_is_ready_with_every_local_worker_until_draining(tiny_model):
     books = Books(resolve(model=str(tiny_model), num_worker=2))
     dispatcher, liveness = Dispatcher(priority_batch_size=4, max_batch_size=8), Liveness(HOST)
-    liveness.ready(b"w1", Ready(11, HOST), 0.0)
+    liveness.ready(b"w1", Ready(11, HOST), 0.0, over_ipc=True)
     dispatcher.add_worker(b"w1")
     assert not books.status(dispatcher, liveness, draining=False)["ready"]  # one worker of two
 
-    liveness.ready(b"w2", Ready(12, HOST), 0.0)
+    liveness.ready(b"w2", Ready(12, HOST), 0.0, over_ipc=True)
     dispatcher.add_worker(b"w2")
     dispatcher.submit(1, b"client", ["a", "b", "c"], 0.0)
     for _, job in dispatcher.assignments(0.0):

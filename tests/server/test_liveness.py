@@ -8,7 +8,8 @@ HOST = "this-host"
 def books(*workers, now=0.0):
     liveness = Liveness(HOST, interval=1.0, liveness=5)
     for worker, pid, remote in workers:
-        assert liveness.ready(worker, Ready(pid, HOST if not remote else "elsewhere", remote), now) == []
+        assert liveness.ready(worker, Ready(pid, HOST if not remote else "elsewhere", remote), now,
+                              over_ipc=not remote) == []
     return liveness
 
 
@@ -35,8 +36,18 @@ def test_a_remote_worker_has_no_pid_to_kill():
 
 def test_a_worker_on_another_host_with_a_local_looking_name_is_not_local():
     liveness = Liveness(HOST)
-    liveness.ready(b"w", Ready(5, "another-host", remote=False), 0.0)
+    liveness.ready(b"w", Ready(5, "another-host", remote=False), 0.0, over_ipc=True)
     assert liveness.local == 0 and liveness.exited(5, -9) == []
+
+
+def test_a_peer_on_the_worker_port_that_claims_to_be_a_local_worker_is_not():
+    """It names this host and a local worker's pid, but came over tcp: given up, it has no pid to
+    kill, and its jobs do not count as crashed."""
+    liveness = Liveness(HOST)
+    liveness.ready(b"w", Ready(5, HOST, remote=False), 0.0, over_ipc=False)
+    assert liveness.local == 0 and not liveness.is_local(b"w") and liveness.exited(5, -9) == []
+    (loss,) = liveness.misbehaved(b"w", 1.0)
+    assert loss.pid is None and not loss.crashed
 
 
 def test_an_exit_reported_by_the_supervisor_loses_that_worker_and_counts_a_restart():
@@ -49,7 +60,7 @@ def test_an_exit_reported_by_the_supervisor_loses_that_worker_and_counts_a_resta
 
 def test_ready_again_is_the_loss_of_the_old_connection():
     liveness = books((b"w1", 11, False))
-    (loss,) = liveness.ready(b"w1", Ready(11, HOST), 3.0)
+    (loss,) = liveness.ready(b"w1", Ready(11, HOST), 3.0, over_ipc=True)
     assert loss.worker == b"w1" and "again" in loss.why and not loss.kill and not loss.crashed
     assert len(liveness) == 1 and liveness.heard(b"w1", 4.0)
 
@@ -84,3 +95,11 @@ def test_a_misbehaving_worker_is_lost_without_blame_for_its_jobs_and_kept_out_a_
     assert liveness.kept_out(b"far", 10.0 + KEEP_OUT_SECONDS - 1) and not liveness.kept_out(b"w1", 10.0)
     assert liveness.misbehaved(b"far", 11.0) == []  # already lost: nothing more to lose
     assert not liveness.kept_out(b"far", 11.0 + KEEP_OUT_SECONDS)  # it may join again
+
+
+def test_a_misbehaving_local_worker_is_lost_as_if_it_had_crashed():
+    """A local worker runs this server's code: a job may have made it send junk, so its jobs count
+    as crashed, and one that fails on every worker fails its request instead of going round."""
+    liveness = books((b"w1", 11, False))
+    (loss,) = liveness.misbehaved(b"w1", 10.0, "sent a part the sink could not use")
+    assert (loss.worker, loss.pid, loss.kill, loss.crashed) == (b"w1", 11, True, True)

@@ -6,7 +6,8 @@ import time
 import pytest
 import zmq
 
-from encoder_server.server.sockets import waiting
+from conftest import free_port
+from encoder_server.server.sockets import peer_address, waiting
 
 # a process that queues one message for a peer not there yet, says so, and exits
 SENDER = textwrap.dedent("""
@@ -66,3 +67,17 @@ def test_waiting_takes_whole_messages_as_they_were_sent_up_to_its_limit(tmp_path
         assert [[frame if copy else frame.bytes for frame in message] for message in first + second] == sent
         assert len(first) == 3 and third == []
         assert all(isinstance(frame, bytes if copy else zmq.Frame) for message in first + second for frame in message)
+
+
+def test_a_peer_address_is_an_ip_over_tcp_and_none_over_ipc(tmp_path):
+    """The sink tells a local worker's parts (ipc) from a remote one's (tcp) by it: ZeroMQ gives an
+    ipc peer "localhost:UID:GID:PID", which once made every local worker's junk part look forged."""
+    context = zmq.Context.instance()
+    port = free_port()
+    for endpoint, expected in ((f"ipc://{tmp_path}/peer", None), (f"tcp://127.0.0.1:{port}", "127.0.0.1")):
+        with context.socket(zmq.PULL) as pull, context.socket(zmq.PUSH) as push:
+            pull.bind(endpoint)
+            push.connect(endpoint)
+            push.send(b"who is it")
+            assert pull.poll(5000)
+            assert peer_address(pull.recv(copy=False)) == expected

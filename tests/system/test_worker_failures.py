@@ -4,6 +4,7 @@ encoder_server.server.fault_injection."""
 import json
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -13,6 +14,7 @@ import zmq
 
 from conftest import FAST_HEARTBEATS, FAULTS, free_port, random_texts, running_server, wait_for, workers_hold_jobs
 
+from encoder_client import ServerError
 from encoder_server.server.messages import INTERNAL_PROTOCOL
 
 pytestmark = pytest.mark.timeout(300)
@@ -109,6 +111,31 @@ def test_malformed_internal_messages_on_an_open_worker_port_are_dropped(tiny_mod
         assert words in log, words
 
 
+def test_a_peer_on_the_worker_port_cannot_pass_for_a_local_worker_and_have_it_killed(tiny_model, tmp_path):
+    """It says READY with this host's name and a local worker's pid, then misbehaves: it is given
+    up, and the local worker lives on (the ventilator once took its word, and had that pid killed)."""
+    jobs_port = free_port(consecutive=2)
+    with running_server(tiny_model, "--num-worker", "1", "--worker-port", str(jobs_port),
+                        tmp_path=tmp_path) as server:
+        (local_pid,) = server.worker_pids()
+        context = zmq.Context()
+        try:
+            impostor = context.socket(zmq.DEALER)
+            impostor.connect(f"tcp://127.0.0.1:{jobs_port}")
+            impostor.send_multipart([b"READY", json.dumps({"pid": local_pid, "host": socket.gethostname(),
+                                                           "remote": False, "protocol": INTERNAL_PROTOCOL}).encode()])
+            wait_for(lambda: server.status()["workers_alive"] == 2, timeout=20)
+            impostor.send_multipart([b"HEARTBEAT", b"not json"])
+            wait_for(lambda: server.status()["workers_alive"] == 1, timeout=20)
+        finally:
+            context.destroy(linger=0)
+        time.sleep(1)
+        assert server.worker_pids() == [local_pid] and server.status()["worker_restarts"] == 0
+        with server.client() as client:
+            assert client.encode(["still served"]).shape == (1, 32)
+    assert "sent a malformed message" in server.log and "stopped sending heartbeats" not in server.log
+
+
 class JunkWorker:
     """A peer on an open --worker-port that says READY, keeps beating, and answers every job with
     a part the sink cannot decode (its body does not fill its shape)."""
@@ -177,3 +204,25 @@ def test_a_worker_that_answers_junk_is_set_aside_and_its_jobs_done_by_others(tin
             status = client.server_status
         assert elapsed < 15 and status["jobs_redispatched"] >= 1
     assert "sent a part the sink could not use" in server.log
+
+
+def test_a_job_that_makes_every_local_worker_send_junk_fails_its_request_and_the_server_goes_on(tiny_model,
+                                                                                                tmp_path):
+    """A local worker whose part the sink cannot use (a test fault here; in life, a model whose rows
+    are not as wide as it declares) is replaced and its job given to another, and a job that makes
+    every worker send junk fails its request. The sink once took a local worker's part for one from
+    the network naming a local worker's job, a forgery, so the ventilator ignored it and the request
+    waited out its timeout."""
+    texts = random_texts(20, seed=43)
+    with running_server(tiny_model, "--num-worker", "2", tmp_path=tmp_path, env=FAULTS) as server:
+        with server.client(timeout=30) as client:
+            expected = client.encode(texts)
+            started = time.monotonic()
+            with pytest.raises(ServerError, match="made a worker crash twice"):
+                client.encode(["!badpart from every worker"])
+            assert time.monotonic() - started < 20
+            wait_for(lambda: server.status()["ready"])
+            np.testing.assert_allclose(client.encode(texts), expected, rtol=1e-4, atol=1e-5)
+        status = server.status()
+    assert status["worker_restarts"] == 2 and status["workers_alive"] == 2
+    assert server.log.count("sent a part the sink could not use") == 2 and "forged" not in server.log
