@@ -3,9 +3,10 @@
 Sockets: `collect` (PULL: parts from workers, local or remote), `control` (PULL, ipc only:
 registrations and replies from the ventilator, which no peer on the worker port can forge),
 `publish` (XPUB in manual mode, clients: it tells us who subscribes, and we apply whole topics
-only, see subscriptions.py), `feedback` (PUSH to the ventilator: DONE for the jobs of each
-message of parts, GONE for a request nobody has listened for in ABANDON_AFTER seconds, UNREAD
-for a client whose replies were dropped, BADPART for a part that could not be used).
+only, see subscriptions.py), `feedback` (PUSH to the ventilator: DONE for the jobs of the parts
+that one turn of the loop took, GONE for a request nobody has listened for in ABANDON_AFTER
+seconds, UNREAD for a client whose replies were dropped, BADPART for a part that could not be
+used).
 
 Publishing never blocks: a reply whose reader's queue is full waits in the backlog (XPUB_NODROP)
 and is offered again; what the sink keeps for each client is capped in bytes (backlog.py), and a
@@ -86,8 +87,7 @@ class Sink:
                     self.on_message(frames, "the ventilator",
                                     (messages.Register, messages.Publish, messages.Forget, messages.Reset))
             if self.collect in events:
-                for frames in waiting(self.collect, copy=False):
-                    self.on_parts(frames)
+                self.on_parts(waiting(self.collect, copy=False))
             self.release()
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + CHECK_INTERVAL
@@ -144,9 +144,22 @@ class Sink:
 
     # ----- workers and the ventilator -----
 
-    def on_parts(self, frames):
-        """A worker's parts. One that cannot be used is dropped, and its job reported when its id
-        can be read, so the ventilator gives the job to another worker and stops trusting this one."""
+    def on_parts(self, batch):
+        """The workers' messages of parts that one turn took: one DONE for them all, sent before
+        their requests' replies, so that the ventilator knows the workers are free before a client
+        can send again."""
+        done, completed = [], []
+        for frames in batch:
+            self.take_parts(frames, done, completed)
+        if done:
+            send_frames(self.feedback, messages.Done(tuple(done)).frames())
+        for request in completed:
+            self.publish_result(request)
+
+    def take_parts(self, frames, done, completed):
+        """A worker's parts: their job ids onto `done`, the requests they complete onto `completed`.
+        One that cannot be used is dropped, and its job reported when its id can be read, so the
+        ventilator gives the job to another worker and stops trusting this one."""
         try:
             message = messages.decode(frames)
         except messages.MessageError as error:
@@ -156,7 +169,6 @@ class Sink:
             self.quiet.warning("not a part", "dropped a %s message from a worker, which it may not send",
                                type(message).__name__)
             return
-        done, completed = [], []
         for part in message.parts:
             try:
                 self.check_shape(part.array)
@@ -165,11 +177,6 @@ class Sink:
                 done.append(part.job_id)
             except PartError as error:
                 self.on_bad_parts([part.job_id], frames[0], error)
-        # DONE first: the ventilator then knows the worker is free before the client can send again
-        if done:
-            send_frames(self.feedback, messages.Done(tuple(done)).frames())
-        for request in completed:
-            self.publish_result(request)
 
     def on_bad_parts(self, job_ids, first_frame, error):
         """Report the jobs of parts that could not be used; `first_frame` tells whether they came over
