@@ -190,12 +190,16 @@ class Dispatcher:
         self._forget(job.seq)
         return request
 
-    def job_dropped(self, job_id):
-        """A worker skipped a job (its deadline had passed); returns the job, or None if unknown."""
-        worker, job = self._assigned.pop(job_id, (None, None))
-        if job is not None:
-            self._load(worker, job, -1)
-            self._deaths.pop(job_id, None)
+    def job_dropped(self, job_id, worker):
+        """`worker` skipped or refused a job; returns the job, or None when that worker does not hold
+        it: finished, its request ended, or another's (a worker given up, whose jobs went to others,
+        or a peer on the worker port may name one)."""
+        holder, job = self._assigned.get(job_id, (None, None))
+        if holder != worker:
+            return None
+        del self._assigned[job_id]
+        self._load(worker, job, -1)
+        self._deaths.pop(job_id, None)
         return job
 
     def cancel(self, seq):

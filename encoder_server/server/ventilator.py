@@ -254,7 +254,7 @@ class Ventilator:
             elif isinstance(message, messages.Ready):
                 self.on_ready(worker, message, now, over_ipc=peer_address(frames[0]) is None)
             elif self.liveness.heard(worker, now):
-                self.on_worker_report(message)
+                self.on_worker_report(worker, message)
             else:  # a worker of a ventilator before this one, or one given up for dead: it may join again
                 self.ask_who(worker)
         except Exception:
@@ -288,16 +288,16 @@ class Ventilator:
         self.log.info("%s ready (%d of %d), serving %s", worker.decode(errors="replace"), len(self.liveness),
                       self.books.workers_expected, self.models[model].name)
 
-    def on_worker_report(self, message):
+    def on_worker_report(self, worker, message):
         if isinstance(message, messages.Heartbeat):
             self.books.metrics.add(message.metrics)
         elif isinstance(message, messages.Dropped):
-            job = self.dispatcher.job_dropped(message.number)
+            job = self.dispatcher.job_dropped(message.number, worker)
             if job is not None:
                 self.books.counts["texts_expired"] += len(job.texts)
                 self.end_request(job.seq, "expired")
         elif isinstance(message, messages.Refused):
-            job = self.dispatcher.job_dropped(message.job_id)
+            job = self.dispatcher.job_dropped(message.job_id, worker)
             if job is not None:
                 self.books.counts["texts_refused"] += len(job.texts)
                 self.end_request(job.seq, "refused", message.error, message.code)

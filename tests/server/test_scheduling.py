@@ -67,6 +67,20 @@ def test_small_request_runs_on_every_idle_worker():
     assert len(d.assignments(NOW)) == 1
 
 
+def test_a_job_counts_as_dropped_only_when_the_worker_holding_it_says_so():
+    """A worker given up, whose job went to another, or a peer on the worker port may name a job it
+    does not hold: that ends nothing."""
+    d = Dispatcher(priority_batch_size=8, max_batch_size=16, prefetch_size=1)
+    for worker in (b"w1", b"w2"):
+        d.add_worker(worker)
+    d.submit(1, b"A", texts(1), NOW)
+    ((holder, job),) = d.assignments(NOW)
+    other = b"w2" if holder == b"w1" else b"w1"
+    assert d.job_dropped(job.job_id, other) is None and d.worker_of(job.job_id) == holder
+    assert d.job_dropped(job.job_id, holder) == job and d.worker_of(job.job_id) is None
+    assert d.job_dropped(job.job_id, holder) is None  # reported twice: once is enough
+
+
 def test_split_request_uses_fresh_job_ids_and_flags():
     ids = itertools.count(10)
     jobs = split_request(1, texts(9), 2, 4, ids, is_tokenized=True, with_tokens=True)
