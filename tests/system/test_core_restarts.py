@@ -60,6 +60,7 @@ def test_kill_9_of_the_sink_or_ventilator_restarts_it_in_place_and_retries_lose_
         assert not any(thread.is_alive() for thread in threads), "a client hung"
         assert failures == [] and len(done) == 90
         assert server.process.poll() is None and f"{victim} exited unexpectedly" in server.log
+        assert re.search(r"restarted: [1-9]\d* requests in flight fail", server.log), "nothing was in flight"
         print(f"kill -9 of the {victim}: the slowest request took {max(seconds):.2f}s, the median "
               f"{np.median(seconds):.2f}s")
 
@@ -124,6 +125,7 @@ def test_a_stalled_ventilator_loses_no_worker(tiny_model, tmp_path):
             status = client.server_status
         assert status["worker_restarts"] == 0 and status["workers_alive"] == 2, server.log
         assert "stopped sending heartbeats" not in server.log and "crash twice" not in server.log, server.log
+        assert "no heartbeat from the ventilator" in server.log, "the stall was too short to test anything"
 
 
 def test_idle_client_keeps_working_across_a_server_restart(tiny_model, tmp_path):
@@ -143,11 +145,13 @@ def test_in_flight_request_fails_fast_on_restart_and_a_retry_succeeds(tiny_model
                         env=FAULTS) as server:
         client = server.client(timeout=20)
         client.encode(["!sleep 4", "held up"], blocking=False)
+        wait_for(lambda: server.status()["in_flight_requests"] == 1, timeout=10)
         started = time.monotonic()
         server.stop()
         with pytest.raises(ConnectionLostError):
             client.fetch_all()
         assert time.monotonic() - started < 20
+        assert "gave up waiting for 1 in-flight requests" in server.log, server.log
     with running_server(tiny_model, tmp_path=tmp_path / "b", ports=ports):
         with client:
             assert client.encode(["back again"], retries=3).shape == (1, 32)
