@@ -1,5 +1,6 @@
 """The server's sockets: bounded queues, CURVE, the addresses its processes bind and connect, and
 what a received frame says about its sender."""
+import functools
 import ipaddress
 from dataclasses import dataclass
 from functools import partial
@@ -110,10 +111,19 @@ def peer_address(frame):
     ZeroMQ gives "localhost:UID:GID:PID" from the socket's credentials), or when unknown."""
     try:
         address = frame.get("Peer-Address")
-        ipaddress.ip_address(address)
-    except (zmq.ZMQError, ValueError):
+    except zmq.ZMQError:
         return None
-    return address
+    return address if _is_ip(address) else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_ip(address):
+    """(Kept: a peer's messages come from one address, and parsing it costs several µs.)"""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
 
 
 def user_id(frame, curve=True):

@@ -118,33 +118,33 @@ class Ventilator:
     def on_client(self, frames):
         """Nothing a client sends ends this loop: a bad request gets an error reply when its identity
         is readable, and is logged and dropped otherwise."""
-        peer = peer_address(frames[0])
         raw = [frame.bytes for frame in frames]
-        with self.replying_to(peer, raw=raw):
+        with self.replying_to(frames[0], raw=raw):
             request = decode_request(raw)
             if not self.owners.claim(request.identity, user_id(frames[0], self.authenticator is not None)):
                 raise ProtocolError(f"identity {request.identity[:64]!r} belongs to another client key; dropped")
-            self.on_request(request, peer)
+            self.on_request(request, frames[0])
 
     @contextlib.contextmanager
-    def replying_to(self, peer, raw=None, request=None):
+    def replying_to(self, first_frame, raw=None, request=None):
         """Turn what goes wrong with a request (its frames `raw`, or a parsed `request`: anything with
-        its identity and req_id) into an error reply for its client."""
+        its identity and req_id) into an error reply for its client; `first_frame` (None: not at
+        hand) tells the log where it came from."""
         try:
             yield
         except ProtocolError as error:
-            self.quiet.warning("bad request", "bad request from %s: %s", peer or "?", error)
+            self.quiet.warning("bad request", "bad request from %s: %s", _peer(first_frame), error)
             if error.identity is not None:
                 message = str(error) if error.code == NOT_FOUND else f"bad request: {error}"
                 self.reply_error(error.identity, error.req_id, message, error.code)
         except Exception:  # a case the checks missed: that request fails, the server goes on
-            self.log.exception("could not handle a request from %s", peer or "?")
+            self.log.exception("could not handle a request from %s", _peer(first_frame))
             request = request or decode_request(raw)
             self.reply_error(request.identity, request.req_id, "bad request: the server could not handle it")
 
-    def on_request(self, request, peer):
+    def on_request(self, request, first_frame):
         if request.command:
-            self.on_command(request, peer)
+            self.on_command(request, peer_address(first_frame))
         elif self.draining:
             self.reply_error(request.identity, request.req_id, "the server is shutting down", DRAINING)
         else:
@@ -438,6 +438,11 @@ class Ventilator:
 UNSENT_LIMIT = 10_000  # messages kept for the sink; past it, clients wait (their send times out) instead
 UNREAD_ERROR = ("abandoned: this client identity left too many results unread (--max-unread-mb), so its "
                 "queued requests were dropped; read results as they arrive")
+
+
+def _peer(first_frame):
+    """Where a message came from, for the log."""
+    return (peer_address(first_frame) if first_frame is not None else None) or "?"
 
 
 def _random_start():
