@@ -1,9 +1,8 @@
 """The server's sockets: bounded queues, CURVE, the addresses its processes bind and connect, and
 what a received frame says about its sender."""
-import functools
 import ipaddress
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 
 import zmq
 
@@ -116,9 +115,10 @@ def peer_address(frame):
     return address if _is_ip(address) else None
 
 
-@functools.lru_cache(maxsize=1024)
+@lru_cache(maxsize=1024)
 def _is_ip(address):
-    """(Kept: a peer's messages come from one address, and parsing it costs several µs.)"""
+    """Whether `address` is an IP address (remembered: a peer's messages all come from one address,
+    and parsing it costs microseconds)."""
     try:
         ipaddress.ip_address(address)
     except ValueError:
