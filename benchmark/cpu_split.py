@@ -6,6 +6,10 @@ kernel, ZeroMQ, other native code such as numpy, orjson or libc), in percent of 
     python -m benchmark.cpu_split [--batch 1] [--clients 32] [--seconds 5] [-- server flags]
 
 It needs Linux `perf` and the right to record every CPU (root, or perf_event_paranoid at most 0).
+With `--threads` it needs neither: it reads, from Linux's /proc, the user and system CPU time of
+each stage's threads over the window, in µs per request, its own threads (the loop of the
+ventilator and of the sink; a worker's intake, tokenizing threads and lanes, which all bear its
+name) apart from ZeroMQ's (ZMQbg/...).
 """
 import argparse
 import json
@@ -94,14 +98,70 @@ def measure(batch=1, clients=32, seconds=5.0, loaders=2, flags=()):
     return cell, split(report)
 
 
+def thread_seconds(server_pid):
+    """{(stage, "own" or "ZeroMQ"): [user, system] CPU seconds so far} of the server's threads."""
+    import psutil
+    totals = {}
+    for process in pipeline._tree(server_pid):
+        try:
+            threads = process.threads()
+            stage = pipeline._stage(process)
+        except psutil.Error:
+            continue
+        for thread in threads:
+            times = totals.setdefault((stage, "ZeroMQ" if _thread_name(process.pid, thread.id).startswith("ZMQbg/")
+                                       else "own"), [0.0, 0.0])
+            times[0] += thread.user_time
+            times[1] += thread.system_time
+    return totals
+
+
+def _thread_name(pid, tid):
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def measure_threads(batch=1, clients=32, seconds=5.0, loaders=2, flags=()):
+    """(the cell's closed-loop figures, {"stage, threads": {user_us, system_us} per request}) on the
+    zero backend, the server started with `flags` beside its defaults."""
+    readings = []
+
+    def read(window):
+        for moment in window:
+            time.sleep(max(0.0, moment - time.time()))
+            readings.append(thread_seconds(server.process.pid))
+
+    with engines.Service("service (zero backend)", ("--backend", "zero", *flags), env=pipeline.ZERO_BACKEND) as server:
+        cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders,
+                                    server.process.pid, during=read)
+    requests = max(1.0, cell["requests_per_s"] * seconds)
+    before, after = readings
+    spent = {}
+    for key, (user, system) in sorted(after.items()):
+        user_before, system_before = before.get(key, (0.0, 0.0))
+        spent[", ".join(key)] = {"user_us": round(1e6 * (user - user_before) / requests, 1),
+                                 "system_us": round(1e6 * (system - system_before) / requests, 1)}
+    return cell, spent
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=1, help="texts per request")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--loaders", type=int, default=2, help="client processes")
+    parser.add_argument("--threads", action="store_true", help="CPU time by stage and thread, from /proc")
     parser.add_argument("flags", nargs="*", help="server flags, after --")
     args = parser.parse_args(argv)
+    if args.threads:
+        cell, threads = measure_threads(args.batch, args.clients, args.seconds, args.loaders, args.flags)
+        print(json.dumps({"cell": cell, "us_per_request": threads}))
+        print("| stage, threads | user µs per request | system µs |\n|---|---:|---:|")
+        print("\n".join(f"| {name} | {times['user_us']:.0f} | {times['system_us']:.0f} |"
+                        for name, times in threads.items()))
+        return 0
     cell, shares = measure(args.batch, args.clients, args.seconds, args.loaders, args.flags)
     print(json.dumps({"cell": cell, "percent_of_cpu": shares}))
     print("\n".join(table(shares)))

@@ -159,6 +159,14 @@ def test_cpu_split_groups_perf_rows_by_process_and_by_what_ran():
     assert lines[-1] == "| all but idle | 41.6 | 23.4 | 2.6 | 2.0 | 69.7 |"  # idle (swapper) left out
 
 
+def test_cpu_split_by_thread_reads_each_stage_s_own_and_zeromq_s_threads():
+    from benchmark.cpu_split import measure_threads
+    cell, threads = measure_threads(batch=1, clients=2, seconds=0.5, loaders=1, flags=("--num-worker", "1"))
+    assert cell["requests_per_s"] > 0
+    for stage in ("ventilator", "sink", "workers"):
+        assert threads[f"{stage}, own"]["user_us"] > 0 and f"{stage}, ZeroMQ" in threads, threads
+
+
 def test_a_closed_loop_calls_its_watcher_with_the_window_while_the_clients_run():
     from benchmark import engines, pipeline
     seen = []
