@@ -99,7 +99,7 @@ def measure(batch=1, clients=32, seconds=5.0, loaders=2, flags=()):
 
 
 def thread_seconds(server_pid):
-    """{(stage, "own" or "ZeroMQ"): [user, system] CPU seconds so far} of the server's threads."""
+    """{(stage, "own" or "ZeroMQ", "user" or "system"): CPU seconds so far} of the server's threads."""
     import psutil
     totals = {}
     for process in pipeline._tree(server_pid):
@@ -109,10 +109,9 @@ def thread_seconds(server_pid):
         except psutil.Error:
             continue
         for thread in threads:
-            times = totals.setdefault((stage, "ZeroMQ" if _thread_name(process.pid, thread.id).startswith("ZMQbg/")
-                                       else "own"), [0.0, 0.0])
-            times[0] += thread.user_time
-            times[1] += thread.system_time
+            group = "ZeroMQ" if _thread_name(process.pid, thread.id).startswith("ZMQbg/") else "own"
+            for kind, seconds in (("user", thread.user_time), ("system", thread.system_time)):
+                totals[stage, group, kind] = totals.get((stage, group, kind), 0.0) + seconds
     return totals
 
 
@@ -126,23 +125,18 @@ def _thread_name(pid, tid):
 def measure_threads(batch=1, clients=32, seconds=5.0, loaders=2, flags=()):
     """(the cell's closed-loop figures, {"stage, threads": {user_us, system_us} per request}) on the
     zero backend, the server started with `flags` beside its defaults."""
-    readings = []
+    used_by_thread = []
 
-    def read(window):
-        for moment in window:
-            time.sleep(max(0.0, moment - time.time()))
-            readings.append(thread_seconds(server.process.pid))
+    def read(window):  # on closed_loop's watcher thread, which it waits for
+        used_by_thread.append(pipeline.CpuClock(lambda: thread_seconds(server.process.pid), window).spent())
 
     with engines.Service("service (zero backend)", ("--backend", "zero", *flags), env=pipeline.ZERO_BACKEND) as server:
-        cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders,
-                                    server.process.pid, during=read)
+        cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid,
+                                    during=read)
     requests = max(1.0, cell["requests_per_s"] * seconds)
-    before, after = readings
     spent = {}
-    for key, (user, system) in sorted(after.items()):
-        user_before, system_before = before.get(key, (0.0, 0.0))
-        spent[", ".join(key)] = {"user_us": round(1e6 * (user - user_before) / requests, 1),
-                                 "system_us": round(1e6 * (system - system_before) / requests, 1)}
+    for (stage, group, kind), used in sorted(used_by_thread[0].items()):
+        spent.setdefault(f"{stage}, {group}", {})[f"{kind}_us"] = round(1e6 * used / requests, 1)
     return cell, spent
 
 

@@ -64,7 +64,7 @@ def closed_loop(port, port_out, clients, batch, seconds, loaders, server_pid=Non
         pending = pool.starmap_async(_load, [(port, port_out, high - low, low, batch, start)
                                              for low, high in zip(shares, shares[1:])])
         window = start.open(warmup, seconds)
-        cpu = StageClock(server_pid, window) if window else None
+        cpu = CpuClock(lambda: stage_cpu_seconds(server_pid), window) if window else None
         watcher = threading.Thread(target=during, args=(window,), daemon=True) if during and window else None
         if watcher:
             watcher.start()
@@ -116,13 +116,12 @@ class Start:
         self.ready.abort()
 
 
-class StageClock:
-    """CPU seconds that each stage spends over `window` (wall-clock start and end): the server's
-    processes, told apart by the names they give themselves, and this process's other children
-    (the loaders)."""
+class CpuClock:
+    """CPU seconds spent over `window` (wall-clock start and end), by whatever `read` tells apart:
+    read() gives {key: CPU seconds so far}, taken on a thread of its own at the window's two ends."""
 
-    def __init__(self, server_pid, window):
-        self.server_pid, self.window = server_pid, window
+    def __init__(self, read, window):
+        self.read, self.window = read, window
         self.readings = []
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -132,12 +131,12 @@ class StageClock:
         if len(self.readings) < 2:
             return {}
         first, last = self.readings
-        return {stage: last.get(stage, 0.0) - first.get(stage, 0.0) for stage in last}
+        return {key: last.get(key, 0.0) - first.get(key, 0.0) for key in last}
 
     def _read(self):
         for moment in self.window:
             time.sleep(max(0.0, moment - time.time()))
-            self.readings.append(stage_cpu_seconds(self.server_pid))
+            self.readings.append(self.read())
 
 
 def stage_cpu_seconds(server_pid, clients=True):
