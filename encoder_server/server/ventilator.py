@@ -144,7 +144,7 @@ class Ventilator:
 
     def on_request(self, request, first_frame):
         if request.command:
-            self.on_command(request, peer_address(first_frame))
+            self.on_command(request, first_frame)
         elif self.draining:
             self.reply_error(request.identity, request.req_id, "the server is shutting down", DRAINING)
         else:
@@ -175,20 +175,24 @@ class Ventilator:
                 self.admit(encode, encoding.ids, index, {**choices, "token_ids": True},
                            replace(output, windows=windows, weights=weights), arrived)
 
-    def on_command(self, request, peer):
+    def on_command(self, request, first_frame):
         if request.command == b"SHOW_CONFIG":
             self.publish(encode_data(request.identity, request.req_id, self.books.config()))
         elif request.command == b"SHOW_STATUS":
             self.publish(encode_data(request.identity, request.req_id,
                                      self.books.status(self.dispatcher, self.liveness, self.draining)))
-        elif not (is_loopback(peer) or self.settings.authorized_clients):
+        else:
+            self.on_termination(request, peer_address(first_frame))
+
+    def on_termination(self, request, peer):
+        if not (is_loopback(peer) or self.settings.authorized_clients):
             self.quiet.warning("termination", "refused TERMINATION from non-loopback peer %s", peer)
             self.reply_error(request.identity, request.req_id,
                              "TERMINATION is accepted only from loopback or an authorized client key", FORBIDDEN)
-        else:
-            self.log.info("TERMINATION received from %s", peer)
-            self.publish(encode_data(request.identity, request.req_id, {"terminating": True}))
-            self.start_draining()
+            return
+        self.log.info("TERMINATION received from %s", peer)
+        self.publish(encode_data(request.identity, request.req_id, {"terminating": True}))
+        self.start_draining()
 
     def admit(self, request, rows, model, choices, output, arrived=None):
         """Queue `request`, as `rows` (its texts, or their windows), for the model of index `model`;
