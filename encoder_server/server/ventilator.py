@@ -1,6 +1,6 @@
 """The ventilator: takes client requests, registers them with the sink, deals jobs to workers.
 
-Sockets: `frontend` (PULL, clients), `backend` (ROUTER, workers), `to_sink` (PUSH),
+Sockets: `frontend` (PULL, clients), `backend` (ROUTER, workers), a PUSH to the sink (sink_link.py),
 `from_sink` (PULL: DONE for finished jobs, GONE for requests nobody listens for, UNREAD for
 clients that do not read their results, BADPART for a worker's part the sink could not use),
 plus a pipe from the supervisor that reports worker exits. Its logic lives in pure modules:
@@ -16,7 +16,6 @@ import contextlib
 import secrets
 import socket
 import time
-from collections import deque
 from dataclasses import asdict, replace
 
 import zmq
@@ -35,8 +34,8 @@ from .liveness import HEARTBEAT_INTERVAL, Liveness
 from .ownership import Owners
 from .quiet_log import QuietLog
 from .scheduling import Dispatcher
-from .sockets import (NOBLOCK, POLL_MS, let_queued_messages_out, make_socket, peer_address, send_frames, user_id,
-                      waiting)
+from .sink_link import SinkLink
+from .sockets import NOBLOCK, POLL_MS, let_queued_messages_out, make_socket, peer_address, send_frames, user_id, waiting
 from .windowing import Windowing
 
 
@@ -54,8 +53,6 @@ class Ventilator:
         self.last_turn = time.monotonic()
         self.books = Books(settings)
         self.draining = False
-        self.unsent = deque()  # messages for the sink that it could not take yet
-        self.registering = {}  # seq -> Registration of the requests admitted in this turn of the loop
         self.owners = Owners()  # under CURVE, the client key each identity belongs to
         self.windowing = Windowing(self.models)
         context = zmq.Context.instance()
@@ -67,8 +64,8 @@ class Ventilator:
                                    curve=workers_use_curve(settings) and curve,
                                    options={zmq.ROUTER_MANDATORY: 1, zmq.ROUTER_HANDOVER: 1})
         self.from_sink = make_socket(context, zmq.PULL, bind=addresses.feedback)
-        self.to_sink = make_socket(context, zmq.PUSH, connect=addresses.control)
-        self.send_to_sink(messages.Reset().frames())  # a predecessor's requests held there are lost
+        self.sink = SinkLink(make_socket(context, zmq.PUSH, connect=addresses.control))
+        self.sink.send(messages.Reset().frames())  # a predecessor's requests held there are lost
 
     def run(self, stop):
         poller = zmq.Poller()
@@ -86,7 +83,7 @@ class Ventilator:
                     self.log.warning("gave up waiting for %d in-flight requests",
                                      self.dispatcher.in_flight_requests)
                     break
-            poller.register(self.frontend, 0 if len(self.unsent) >= UNSENT_LIMIT else zmq.POLLIN)
+            poller.register(self.frontend, 0 if self.sink.full else zmq.POLLIN)
             events = dict(poller.poll(POLL_MS))
             if self.from_sink in events:  # first: a request is scheduled knowing which workers are free
                 for frames in waiting(self.from_sink):
@@ -101,7 +98,7 @@ class Ventilator:
                 self.on_windows()
             if self.supervisor is not None and self.supervisor.fileno() in events:
                 self.on_supervisor(poller, stop)
-            self.send_to_sink()
+            self.sink.send()
             self.keep_workers()
             for seq in self.dispatcher.expired(time.monotonic()):
                 self.end_request(seq, "expired")
@@ -177,9 +174,9 @@ class Ventilator:
 
     def on_command(self, request, first_frame):
         if request.command == b"SHOW_CONFIG":
-            self.publish(encode_data(request.identity, request.req_id, self.books.config()))
+            self.sink.publish(encode_data(request.identity, request.req_id, self.books.config()))
         elif request.command == b"SHOW_STATUS":
-            self.publish(encode_data(request.identity, request.req_id,
+            self.sink.publish(encode_data(request.identity, request.req_id,
                                      self.books.status(self.dispatcher, self.liveness, self.draining)))
         else:
             self.on_termination(request, peer_address(first_frame))
@@ -191,7 +188,7 @@ class Ventilator:
                              "TERMINATION is accepted only from loopback or an authorized client key", FORBIDDEN)
             return
         self.log.info("TERMINATION received from %s", peer)
-        self.publish(encode_data(request.identity, request.req_id, {"terminating": True}))
+        self.sink.publish(encode_data(request.identity, request.req_id, {"terminating": True}))
         self.start_draining()
 
     def admit(self, request, rows, model, choices, output, arrived=None):
@@ -218,9 +215,9 @@ class Ventilator:
                                              request.streamed, self.models[model].embedding_dim,
                                              None if output.plain else asdict(output),
                                              self.models[model].kind == "sparse")
-        if self.unsent:  # the sink is not taking messages now
+        if self.sink.behind:  # the sink is not taking messages now
             return self.refuse_busy(request, "server busy: the result queue is full; retry later")
-        self.registering[seq] = registration
+        self.sink.register(seq, registration)
         self.next_seq += 1
         self.dispatcher.submit(seq, request.identity, rows, arrived or time.monotonic(), request.timeout_s,
                                req_id=request.req_id, is_tokenized=request.is_tokenized,
@@ -240,7 +237,7 @@ class Ventilator:
         self.books.counts[f"requests_{outcome}"] += 1
         self.books.counts[f"texts_{outcome}"] += skipped
         self.log.info("request %d %s: %d texts never computed", seq, outcome, skipped)
-        self.send_to_sink(messages.Forget(seq, error or "", code or "").frames())
+        self.sink.send(messages.Forget(seq, error or "", code or "").frames())
 
     # ----- workers -----
 
@@ -415,31 +412,10 @@ class Ventilator:
             self.draining = True
             self.log.info("draining: %d requests in flight", self.dispatcher.in_flight_requests)
 
-    def send_to_sink(self, frames=None):
-        """Send `frames` (None: nothing more) after the registrations of the requests admitted since
-        the last message, or keep them, in order, while the sink is not taking any: a restarting
-        sink, or one that fell behind, must not cost a client its only reply. Past UNSENT_LIMIT
-        kept messages, the loop stops reading requests until the sink catches up."""
-        if self.registering:
-            self.unsent.append(messages.Register(self.registering).frames())
-            self.registering = {}
-        if frames is not None:
-            self.unsent.append(frames)
-        try:
-            while self.unsent:
-                send_frames(self.to_sink, self.unsent[0], NOBLOCK)
-                self.unsent.popleft()
-        except zmq.Again:
-            pass
-
-    def publish(self, frames):
-        self.send_to_sink(messages.Publish(frames).frames())
-
     def reply_error(self, identity, req_id, message, code=None):
-        self.publish(encode_error(identity, req_id, message, code))
+        self.sink.publish(encode_error(identity, req_id, message, code))
 
 
-UNSENT_LIMIT = 10_000  # messages kept for the sink; past it, clients wait (their send times out) instead
 UNREAD_ERROR = ("abandoned: this client identity left too many results unread (--max-unread-mb), so its "
                 "queued requests were dropped; read results as they arrive")
 
