@@ -42,6 +42,30 @@ def test_start_up_errors_are_one_clear_line(tiny_model, flags, message):
     assert len(finished.stderr.strip().splitlines()) == 1
 
 
+def _cuda_is_visible(backend):
+    if backend == "onnx":
+        import onnxruntime
+        return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    import torch
+    return torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("backend, message", [
+    ("torch", "--device cuda: no CUDA device is visible to torch"),
+    ("onnx", "--device cuda --backend onnx needs the onnxruntime-gpu package"),
+])
+def test_cuda_where_it_is_missing_is_one_clear_line(tiny_model, backend, message):
+    """What a host without a GPU, or without onnxruntime-gpu, says to --device cuda (tests/cuda
+    serves on one that has them)."""
+    if _cuda_is_visible(backend):
+        pytest.skip(f"this host has CUDA for {backend}: tests/cuda covers it")
+    finished = _start("--model", str(tiny_model), "--device", "cuda", "--backend", backend,
+                      "--port", str(free_port()), "--port-out", str(free_port()))
+    assert finished.returncode == 2
+    assert message in finished.stderr and "Traceback" not in finished.stderr
+    assert len(finished.stderr.strip().splitlines()) == 1
+
+
 def test_a_model_without_tokenizer_files_is_refused_before_any_worker_starts(tiny_model, tmp_path):
     """Once its workers failed to start three times each (30 s, exit code 1); now one line at once."""
     model = shutil.copytree(tiny_model, tmp_path / "model", ignore=shutil.ignore_patterns("tokenizer*", "vocab*"))
