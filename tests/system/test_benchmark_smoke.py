@@ -191,6 +191,14 @@ def test_hops_times_zeromq_and_a_bare_socket_between_two_processes():
     assert figures["round_trip_us"] > figures["send_back_to_back_us"], figures
 
 
+def test_client_cost_times_the_client_and_a_raw_loop_in_turns():
+    from benchmark import client_cost
+    figures = client_cost.measure(requests=30, rounds=2)
+    assert len(figures["client_rounds"]) == len(figures["raw_rounds"]) == 2, figures
+    assert all(value > 0 for value in figures["client_rounds"] + figures["raw_rounds"]), figures
+    assert figures["client_us"] == pytest.approx(sum(figures["client_rounds"]) / 2), figures
+
+
 def test_a_service_that_does_not_start_is_reported_with_what_its_last_probe_saw(tmp_path):
     from benchmark.engines import Service
     with pytest.raises(RuntimeError, match=r"did not start \(the last probe: no answer from an encoder-server at "
