@@ -193,10 +193,12 @@ def test_hops_times_zeromq_and_a_bare_socket_between_two_processes():
 
 def test_client_cost_times_the_client_and_a_raw_loop_in_turns():
     from benchmark import client_cost
-    figures = client_cost.measure(requests=30, rounds=2)
-    assert len(figures["client_rounds"]) == len(figures["raw_rounds"]) == 2, figures
-    assert all(value > 0 for value in figures["client_rounds"] + figures["raw_rounds"]), figures
-    assert figures["client_us"] == pytest.approx(sum(figures["client_rounds"]) / 2), figures
+    figures = client_cost.measure(requests=30, rounds=2, pieces=True)
+    ways = ("client", "raw", "raw+prepare", "raw+read")
+    assert set(figures) == {f"{way}_{kind}" for way in ways for kind in ("us", "rounds")}, figures
+    for way in ways:
+        assert len(figures[f"{way}_rounds"]) == 2 and all(value > 0 for value in figures[f"{way}_rounds"]), figures
+        assert figures[f"{way}_us"] == pytest.approx(sum(figures[f"{way}_rounds"]) / 2), figures
 
 
 def test_a_service_that_does_not_start_is_reported_with_what_its_last_probe_saw(tmp_path):
