@@ -177,7 +177,7 @@ class Ventilator:
             self.sink.publish(encode_data(request.identity, request.req_id, self.books.config()))
         elif request.command == b"SHOW_STATUS":
             self.sink.publish(encode_data(request.identity, request.req_id,
-                                     self.books.status(self.dispatcher, self.liveness, self.draining)))
+                                          self.books.status(self.dispatcher, self.liveness, self.draining)))
         else:
             self.on_termination(request, peer_address(first_frame))
 
