@@ -1,6 +1,6 @@
 """Random and mutated frames at the public request port and at an open worker port, and random
-HTTP bodies, for a bounded time: no process dies, no worker restarts, and a correct request
-still gets the right answer."""
+HTTP bodies, for a bounded time: no process dies, no worker restarts, each hostile request gets
+exactly one reply, and a correct request still gets the right answer."""
 import json
 import time
 
@@ -141,6 +141,50 @@ def worker_port_messages(draw):
                                                                       "texts", "rows", "req_id"]), WRONG, max_size=5),
                                      max_size=3).map(lambda value: json.dumps(value).encode())))
     return [kind, header, *draw(st.lists(st.binary(max_size=64), max_size=2))]
+
+
+def test_every_hostile_request_gets_exactly_one_reply(tiny_model, tmp_path):
+    """Bad input is answered, never lost or answered twice: each hostile request, under a readable
+    identity and its own req_id, gets one reply (its result or an error naming its fault)."""
+    from encoder_client.protocol import decode_reply, topic
+
+    with running_server(tiny_model, "--num-worker", "1", tmp_path=tmp_path) as server:
+        context = zmq.Context()
+        try:
+            listener = context.socket(zmq.SUB)
+            listener.setsockopt(zmq.SUBSCRIBE, topic(b"fuzzer"))
+            listener.connect(f"tcp://127.0.0.1:{server.port_out}")
+            pusher = context.socket(zmq.PUSH)
+            pusher.connect(f"tcp://127.0.0.1:{server.port}")
+            for sock in (listener, pusher):
+                sock.setsockopt(zmq.LINGER, 0)
+            pusher.setsockopt(zmq.SNDTIMEO, 1000)
+            handshake = [b"fuzzer", b"SHOW_CONFIG", b"0", b"0"]  # req_id 0: not one of the fuzzer's
+            for _ in range(120):  # until the subscription has reached the sink
+                pusher.send_multipart(handshake)
+                if listener.poll(250):
+                    break
+            else:
+                pytest.fail("no answer to SHOW_CONFIG in 30 s")
+            sent = []
+
+            def send(frames):
+                sent.append(len(sent) + 1)
+                pusher.send_multipart([*frames[:2], b"%d" % sent[-1], *frames[3:]])
+
+            fuzz(hostile_requests(), send, seconds=FUZZ_SECONDS / 2)
+            replies = []
+            while listener.poll(15_000 if len(replies) < len(sent) else 1000):
+                reply = decode_reply(listener.recv_multipart())
+                if reply.req_id != 0:
+                    replies.append(reply)
+        finally:
+            context.destroy(linger=0)
+        assert server.process.poll() is None
+    assert len(sent) > 20
+    assert sorted(reply.req_id for reply in replies) == sent
+    unforeseen = [reply.error for reply in replies if reply.error and "could not handle" in reply.error]
+    assert not unforeseen, "requests that no check named the fault of"
 
 
 def test_hostile_requests_and_worker_port_messages_kill_nothing(tiny_model, tmp_path):
