@@ -69,6 +69,8 @@ def measure(model=None, requests=1500, rounds=6, pieces=False):
                 for _ in range(requests):
                     ways[name]()
                 spent[name].append(round(1e6 * (time.thread_time() - started) / requests, 1))
+        push.close()
+        sub.close()
     return {**{f"{name}_us": statistics.median(figures) for name, figures in spent.items()},
             **{f"{name}_rounds": figures for name, figures in spent.items()}}
 
