@@ -28,6 +28,7 @@ from benchmark import engines, pipeline  # noqa: E402
 PROCESSES = ("clients", "ventilator", "sink", "workers", "ZeroMQ I/O threads", "other", "idle")
 KINDS = ("Python", "kernel", "ZeroMQ", "other native")
 SAMPLES_PER_S = 499
+ZEROMQ_THREADS = "ZMQbg/"  # how ZeroMQ names its I/O (and reaper) threads
 
 
 def split(report):
@@ -48,7 +49,7 @@ def _process(command):
         return command
     if command.startswith("worker-"):
         return "workers"
-    if command.startswith("ZMQbg/"):
+    if command.startswith(ZEROMQ_THREADS):
         return "ZeroMQ I/O threads"
     if command == "swapper":
         return "idle"
@@ -102,14 +103,14 @@ def thread_seconds(server_pid):
     """{(stage, "own" or "ZeroMQ", "user" or "system"): CPU seconds so far} of the server's threads."""
     import psutil
     totals = {}
-    for process in pipeline._tree(server_pid):
+    for process in pipeline.process_tree(server_pid):
         try:
             threads = process.threads()
-            stage = pipeline._stage(process)
+            stage = pipeline.stage_of(process)
         except psutil.Error:
             continue
         for thread in threads:
-            group = "ZeroMQ" if _thread_name(process.pid, thread.id).startswith("ZMQbg/") else "own"
+            group = "ZeroMQ" if _thread_name(process.pid, thread.id).startswith(ZEROMQ_THREADS) else "own"
             for kind, seconds in (("user", thread.user_time), ("system", thread.system_time)):
                 totals[stage, group, kind] = totals.get((stage, group, kind), 0.0) + seconds
     return totals

@@ -145,10 +145,10 @@ def stage_cpu_seconds(server_pid, clients=True):
     other children (the loaders)."""
     import psutil
     totals = {}
-    server = {process.pid: process for process in _tree(server_pid)} if server_pid else {}
+    server = {process.pid: process for process in process_tree(server_pid)} if server_pid else {}
     others = [process for process in psutil.Process().children(recursive=True) if process.pid not in server
               and process.pid != server_pid] if clients else []
-    for stage, processes in (*((_stage(process), [process]) for process in server.values()), ("clients", others)):
+    for stage, processes in (*((stage_of(process), [process]) for process in server.values()), ("clients", others)):
         for process in processes:
             try:
                 times = process.cpu_times()
@@ -158,7 +158,8 @@ def stage_cpu_seconds(server_pid, clients=True):
     return totals
 
 
-def _tree(pid):
+def process_tree(pid):
+    """The process `pid` and all its descendants (none once it is gone)."""
     import psutil
     try:
         root = psutil.Process(pid)
@@ -167,7 +168,8 @@ def _tree(pid):
         return []
 
 
-def _stage(process):
+def stage_of(process):
+    """The server's stage a process of its tree is, by the name it gives itself."""
     name = process.name()
     return "workers" if "worker-" in name else name if name in ("ventilator", "sink") else "other"
 
