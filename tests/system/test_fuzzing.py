@@ -43,6 +43,16 @@ def fuzz(strategy, send, seconds=FUZZ_SECONDS):
     return sent
 
 
+def loopback(context, kind, port, options=None):
+    """A socket of `kind` connected to `port` on loopback (`options` set first), which never lingers
+    and gives up a send after 1 s."""
+    sock = context.socket(kind)
+    for option, value in {zmq.LINGER: 0, zmq.SNDTIMEO: 1000, **(options or {})}.items():
+        sock.setsockopt(option, value)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    return sock
+
+
 VALID = [b"fuzzer", json.dumps(["the cat", "a dog ran"]).encode(), b"7", b"2",
          json.dumps({"v": 1, "is_tokenized": False, "timeout_ms": 5000}).encode()]
 
@@ -71,10 +81,7 @@ def test_fuzzed_frames_kill_nothing_and_correct_requests_still_succeed(tiny_mode
         texts = random_texts(30, seed=11)
         with server.client() as client:
             expected = client.encode(texts)
-        pusher = zmq.Context.instance().socket(zmq.PUSH)
-        pusher.setsockopt(zmq.LINGER, 0)
-        pusher.setsockopt(zmq.SNDTIMEO, 1000)
-        pusher.connect(f"tcp://127.0.0.1:{server.port}")
+        pusher = loopback(zmq.Context.instance(), zmq.PUSH, server.port)
         assert fuzz(st.one_of(random_frames, mutated_requests()), pusher.send_multipart) > 100
         pusher.close()
         assert server.process.poll() is None
@@ -151,14 +158,8 @@ def test_every_hostile_request_gets_exactly_one_reply(tiny_model, tmp_path):
     with running_server(tiny_model, "--num-worker", "1", tmp_path=tmp_path) as server:
         context = zmq.Context()
         try:
-            listener = context.socket(zmq.SUB)
-            listener.setsockopt(zmq.SUBSCRIBE, topic(b"fuzzer"))
-            listener.connect(f"tcp://127.0.0.1:{server.port_out}")
-            pusher = context.socket(zmq.PUSH)
-            pusher.connect(f"tcp://127.0.0.1:{server.port}")
-            for sock in (listener, pusher):
-                sock.setsockopt(zmq.LINGER, 0)
-            pusher.setsockopt(zmq.SNDTIMEO, 1000)
+            listener = loopback(context, zmq.SUB, server.port_out, {zmq.SUBSCRIBE: topic(b"fuzzer")})
+            pusher = loopback(context, zmq.PUSH, server.port)
             handshake = [b"fuzzer", b"SHOW_CONFIG", b"0", b"0"]  # req_id 0: not one of the fuzzer's
             for _ in range(120):  # until the subscription has reached the sink
                 pusher.send_multipart(handshake)
@@ -197,16 +198,9 @@ def test_hostile_requests_and_worker_port_messages_kill_nothing(tiny_model, tmp_
             expected = client.encode(texts)
         context = zmq.Context()
         try:
-            pusher = context.socket(zmq.PUSH)
-            pusher.connect(f"tcp://127.0.0.1:{server.port}")
-            rogue = context.socket(zmq.DEALER)
-            rogue.setsockopt(zmq.ROUTING_ID, b"fuzz/worker-0:1")
-            rogue.connect(f"tcp://127.0.0.1:{jobs_port}")
-            results = context.socket(zmq.PUSH)
-            results.connect(f"tcp://127.0.0.1:{jobs_port + 1}")
-            for sock in (pusher, rogue, results):
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.setsockopt(zmq.SNDTIMEO, 1000)
+            pusher = loopback(context, zmq.PUSH, server.port)
+            rogue = loopback(context, zmq.DEALER, jobs_port, {zmq.ROUTING_ID: b"fuzz/worker-0:1"})
+            results = loopback(context, zmq.PUSH, jobs_port + 1)
 
             def send(example):
                 request, message, to_results = example
