@@ -1,12 +1,12 @@
 """What a GPU machine lent to a session needs to run the project (see ../shared/MEASURED.md): it has
-torch, transformers, sentence-transformers and pytest, but no pyzmq, orjson or bundled model, and
+torch, transformers, sentence-transformers and pytest, but no pyzmq, orjson, platformdirs or bundled model, and
 no package index, and at most 64 MiB travel with the working tree. So:
 
     python -m benchmark.device_kit pack [.device]      # here: wheels and the model, weights in fp16
     python3 -m benchmark.device_kit unpack [.device]   # there: wheels into .device/site, weights in fp32
     export PYTHONPATH=$PWD/.device/site:$PWD          # there; the model is .device/model
 
-`pack` writes the wheels of the pyzmq and orjson installed here, for CPython 3.12 on x86-64 Linux
+`pack` writes the wheels of the pyzmq, orjson and platformdirs installed here, for CPython 3.12 on x86-64 Linux
 (the GPU machines' Python), and a copy of the model folder whose safetensors weights hold their
 floating tensors in fp16 (the bundled model's 91 MB become 45 MB); other weight formats (ONNX
 exports, pytorch_model.bin) are left out. `unpack` widens those tensors back to their own dtype:
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 LIMIT = 64 << 20             # bytes that travel with the working tree, this kit included
-WHEELS = ("pyzmq", "orjson")  # what the GPU machines lack of the server's own needs
+WHEELS = ("pyzmq", "orjson", "platformdirs")  # what the GPU machines lack of the server's own needs
 NARROWED = "narrowed"         # the fp16 file's metadata key: {tensor name: its own dtype}
 SKIPPED = ("*.onnx", "*.onnx.data", "*.bin", "*.h5", "*.msgpack", "*.ot")
 
