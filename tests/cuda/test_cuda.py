@@ -50,7 +50,10 @@ def test_cuda_rows_match_the_reference_and_the_server_stops_clean(tiny_model, tm
 def test_cuda_graphs_give_each_kind_of_pass_the_eager_rows(tiny_model, tiny_cross_encoder, tiny_sparse_encoder, fp16):
     """Passes of many shapes, one row to over the token budget (which runs eagerly), each through a
     graph captured for its padded shape: an embedder's (mean and token-level pooling), a reranker's
-    (token type ids) and a sparse model's."""
+    (token type ids) and a sparse model's. In fp16 a graph's padded shape may run on other matrix
+    kernels than the eager pass, whose rounding differs by an fp16 step of the logits: a sparse row's
+    value differed by 0.0032 on an H200 (an fp16 step is 0.004 between 4 and 8); a padding row or
+    column that leaked into the real ones would move values by far more."""
     from encoder_server.model.passes import plan_passes
     from encoder_server.model.spec import ModelSpec, resolve_spec
     from encoder_server.model.tokenizer import Tokenizer
@@ -66,7 +69,7 @@ def test_cuda_graphs_give_each_kind_of_pass_the_eager_rows(tiny_model, tiny_cros
             for _, inputs in plan_passes(encoding, spec.max_batch_tokens, rows):
                 graphed, eager = backend.run(inputs), backend.run_eagerly(inputs)
                 assert graphed.shape == eager.shape
-                np.testing.assert_allclose(graphed, eager, atol=2e-3 if fp16 else 1e-5, rtol=1e-2 if fp16 else 1e-4)
+                np.testing.assert_allclose(graphed, eager, atol=1e-2 if fp16 else 1e-5, rtol=1e-2 if fp16 else 1e-4)
         assert len(backend.graphed.graphs) >= 4 and not backend.graphed.failed
 
 
