@@ -49,7 +49,10 @@ class GraphedModel:
 
     def __init__(self, model, device, max_tokens):
         import torch
+
+        from .torch_backend import to_host
         self.torch, self.model, self.device, self.max_tokens = torch, model, device, max_tokens
+        self.to_host = to_host
         self.graphs = {}  # (rows, columns) -> Captured
         self.eager_shapes = set()  # shapes whose graphs would pass OUTPUT_BYTES
         self.pool = torch.cuda.graph_pool_handle()
@@ -67,7 +70,7 @@ class GraphedModel:
             graph = self.graphs.get(shape) or self._capture(shape)
             if graph is None:
                 return eager(inputs)
-            return graph.run(pad_pass(inputs, *shape), rows, columns)
+            return self.to_host(graph.run(pad_pass(inputs, *shape), rows, columns))  # before the next replay
 
     def _capture(self, shape):
         """The graph of this shape, or None: where its output would pass OUTPUT_BYTES (that shape
@@ -109,10 +112,12 @@ class Captured:
         self.output_bytes = self.output.element_size() * self.output.nelement()
 
     def run(self, padded, rows, columns):
+        """The rows (and columns) of `padded`'s pass that are real: a view of the graph's output,
+        which the next replay overwrites."""
         for tensor, name in zip(self.inputs, self.names):
             tensor.copy_(self.torch.from_numpy(getattr(padded, name)))
         self.graph.replay()
         output = self.output[:rows]
         if output.dim() > 2:  # token-level rows: the padding columns go too
             output = output[:, :columns]
-        return output.float().cpu().numpy()
+        return output

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import psutil
@@ -71,6 +72,25 @@ def test_cuda_graphs_give_each_kind_of_pass_the_eager_rows(tiny_model, tiny_cros
                 assert graphed.shape == eager.shape
                 np.testing.assert_allclose(graphed, eager, atol=1e-2 if fp16 else 1e-5, rtol=1e-2 if fp16 else 1e-4)
         assert len(backend.graphed.graphs) >= 4 and not backend.graphed.failed
+
+
+def test_a_cuda_worker_waits_for_the_gpu_asleep():
+    """A worker's wait for a pass's rows leaves its core to the tokenizing threads and the other
+    processes: with the GPU busy for a while, the process spends a small part of it on the CPU (a
+    spinning wait, as a plain .cpu() makes, spends all of it). The rows are those computed after
+    the GPU's work, so the copy waited for it."""
+    import torch
+
+    from encoder_server.model.torch_backend import to_host
+    rows = torch.arange(6, dtype=torch.float16, device="cuda").reshape(2, 3)
+    torch.cuda.synchronize()
+    cpu, wall = time.process_time(), time.perf_counter()
+    for _ in range(5):
+        torch.cuda._sleep(100_000_000)  # GPU clock cycles: about 0.05 s on an H200
+        host = to_host(rows * 2)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    assert host.dtype == np.float32 and host.tolist() == [[0, 2, 4], [6, 8, 10]]
+    assert wall > 0.1 and cpu < 0.25 * wall, (cpu, wall)
 
 
 def test_graphs_whose_outputs_would_pass_their_budget_leave_their_shapes_to_eager_passes(
