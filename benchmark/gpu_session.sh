@@ -3,7 +3,7 @@
 # `python -m benchmark.device_kit pack` made here, then the steps named (default: tests sweep,
 # which fit one call; a session has 15 minutes of device time, the machine's start included):
 #
-#   tests     the CUDA tests (tests/cuda; 7 of them took 102 s on an H200, 12 now)
+#   tests     the CUDA tests (tests/cuda; 12 of them took 222 s on an H200, 13 now)
 #   model     the model alone (benchmark/cuda_passes.py): passes of shapes it has not met, SDPA with
 #             and without cuDNN (the fp16 slowdown's suspect) and eager; one short text per pass
 #             (the model's share of batch-1 latency)
