@@ -50,7 +50,7 @@ class GraphedModel:
     def __init__(self, model, device, max_tokens):
         import torch
 
-        from .torch_backend import to_host
+        from .host_copy import to_host
         self.torch, self.model, self.device, self.max_tokens = torch, model, device, max_tokens
         self.to_host = to_host
         self.graphs = {}  # (rows, columns) -> Captured

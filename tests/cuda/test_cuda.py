@@ -81,7 +81,7 @@ def test_a_cuda_worker_waits_for_the_gpu_asleep():
     the GPU's work, so the copy waited for it."""
     import torch
 
-    from encoder_server.model.torch_backend import to_host
+    from encoder_server.model.host_copy import to_host
     rows = torch.arange(6, dtype=torch.float16, device="cuda").reshape(2, 3)
     torch.cuda.synchronize()
     cpu, wall = time.process_time(), time.perf_counter()
