@@ -7,8 +7,8 @@
 #   model     the model alone (benchmark/cuda_passes.py): passes of shapes it has not met, SDPA with
 #             and without cuDNN (the fp16 slowdown's suspect) and eager; one short text per pass
 #             (the model's share of batch-1 latency)
-#   sweep     the service, with CUDA graphs (the default), at 8 workers in fp16 and fp32, and at 2, 1
-#             and 4 workers in fp16, each tokenizing on its default share of the cores (4, 8 and 2
+#   sweep     the service, with CUDA graphs (the default), at 8 workers in fp16 and fp32, and at 2, 6
+#             and 4 workers in fp16, each tokenizing on its default share of the cores (4, 1 and 2
 #             threads), beside sentence-transformers in fp16 in process, under the loads
 #             (benchmark/gpu_sweep.py): goals 1, 2 and 4, most telling first
 #   passes    the model alone on the service's passes, warmed up: fp32 and fp16, SDPA and eager
@@ -55,7 +55,7 @@ for name in $STEPS; do
                    --only unseen single ;;
         passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --only warmed ;;
         sweep) step gpu-sweep 300 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --baselines fp16 --services \
-                   8:fp16 2:fp16 8:fp32 1:fp16 4:fp16 --out "$OUT/gpu-sweep.json" ;;
+                   8:fp16 2:fp16 8:fp32 6:fp16 4:fp16 --out "$OUT/gpu-sweep.json" ;;
         precision) DEVICE=cuda step half-precision 60 "$PYTHON" -m benchmark.half_precision "$MODEL" ;;
         graphs) step graph-tests 120 "$PYTHON" -m pytest -v -p no:cacheprovider -m cuda tests/cuda -k "graphs or memory"
                 DEVICE=cuda step graph-passes 60 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --count 1024 --only graphs
