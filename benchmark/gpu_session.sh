@@ -50,7 +50,7 @@ step() {  # step NAME SECONDS COMMAND...: its output to $OUT/NAME.log, its last 
 }
 for name in $STEPS; do
     case $name in
-        tests) step cuda-tests 250 "$PYTHON" -m pytest -v -p no:cacheprovider -m cuda tests/cuda ;;
+        tests) step cuda-tests 280 "$PYTHON" -m pytest -v -p no:cacheprovider -m cuda tests/cuda ;;
         model) DEVICE=cuda step model-alone 100 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --count 1024 \
                    --only unseen single ;;
         passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --only warmed ;;
