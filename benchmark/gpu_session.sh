@@ -15,6 +15,10 @@
 #   precision the model's rows in fp16 and bf16 against fp32 on the GPU (benchmark/half_precision.py)
 #   pipeline  what one hop between two processes costs there (benchmark/hops.py), then the server's own
 #             ceiling on the zero backend, on the host's 16 cores, clients in 8 processes
+#   profile   where the workers' CPU goes in the 32-client cell (32 texts a request), at 8 workers
+#             and at 2, and for one-text requests one at a time (benchmark/cpu_split.py --py-spy: CPU
+#             per request by stage, each function's share of py-spy's samples): goal 2's open question,
+#             why 8 workers spend 2.4x the CPU per request that 2 do
 #   graphs    CUDA graphs (on by default): their CUDA tests, the backend with and without them
 #             (benchmark/cuda_passes.py), and the service at 8 workers in fp16 with and without them, and
 #             holding 2 bulk jobs a lane instead of the default 3 on cuda, 8 in fp32 with them, beside
@@ -23,8 +27,8 @@
 #   device run, carry [".device"], timeout_s 600:  bash benchmark/gpu_session.sh
 #   a second call, if device time is left:         bash benchmark/gpu_session.sh graphs
 #
-# Everything it prints and writes lands in $OUT, at most six files (the device tool brings back
-# eight). PYTHON names another interpreter (the GPU machines' python3 holds torch); a step that runs
+# Everything it prints and writes lands in $OUT, a file or two a step (the device tool brings back
+# eight: tests, sweep and profile make seven). PYTHON names another interpreter (the GPU machines' python3 holds torch); a step that runs
 # past its share of the time is stopped and the next one runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +39,7 @@ STEPS=${*:-tests sweep}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 "$PYTHON" -m benchmark.device_kit unpack "$KIT" > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-export PYTHONPATH="$PWD/$KIT/site:$PWD"
+export PYTHONPATH="$PWD/$KIT/site:$PWD" PATH="$PWD/$KIT/site/bin:$PATH"
 MODEL="$PWD/$KIT/model"
 { nvidia-smi -L; "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda:', torch.cuda.is_available())"; } \
     >> "$OUT/setup.log" 2>&1
@@ -56,6 +60,12 @@ for name in $STEPS; do
         passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --only warmed ;;
         sweep) step gpu-sweep 300 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --baselines fp16 --services \
                    8:fp16 2:fp16 8:fp32 6:fp16 4:fp16 --out "$OUT/gpu-sweep.json" ;;
+        profile) for cell in "8 32 32" "2 32 32" "8 1 1"; do
+                     set -- $cell
+                     step "profile-$1w-$2x$3" 110 "$PYTHON" -m benchmark.cpu_split --py-spy --model "$MODEL" \
+                         --clients "$2" --batch "$3" --loaders "$(( $2 < 8 ? $2 : 8 ))" --seconds 8 -- --device cuda --fp16 \
+                         --num-worker "$1"
+                 done ;;
         precision) DEVICE=cuda step half-precision 60 "$PYTHON" -m benchmark.half_precision "$MODEL" ;;
         graphs) step graph-tests 120 "$PYTHON" -m pytest -v -p no:cacheprovider -m cuda tests/cuda -k "graphs or memory"
                 DEVICE=cuda step graph-passes 60 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --count 1024 --only graphs
@@ -63,6 +73,6 @@ for name in $STEPS; do
                     8:fp16 8:fp16:eager 8:fp16:prefetch2 8:fp32 --out "$OUT/graph-sweep.json" ;;
         pipeline) step pipeline 120 "$PYTHON" -m benchmark.pipeline --model "$MODEL" --seconds 5 --repeats 1 \
                       --loaders 8 --out "$OUT/pipeline.json" ;;
-        *) echo "unknown step $name (tests, model, sweep, passes, precision, pipeline, graphs)"; exit 2 ;;
+        *) echo "unknown step $name (tests, model, sweep, passes, precision, pipeline, profile, graphs)"; exit 2 ;;
     esac
 done

@@ -169,6 +169,30 @@ def test_cpu_split_by_thread_reads_each_stage_s_own_and_zeromq_s_threads():
         assert threads[f"{stage}, own"]["user_us"] > 0 and f"{stage}, ZeroMQ" in threads, (cell, threads)
 
 
+def test_a_py_spy_profile_gives_each_line_s_and_each_function_s_share_of_the_samples():
+    from benchmark.cpu_split import profile
+    loop = "<module> (encoder_server/cli.py:9);Sink.run (encoder_server/server/sink.py:{})"
+    raw = "\n".join([f"{loop.format(81)};Poller.poll (zmq/sugar/poll.py:106) 6",
+                     f"{loop.format(90)};Sink.release (encoder_server/server/sink.py:271) 3",
+                     f"{loop.format(91)};Sink.release (encoder_server/server/sink.py:275) 1", ""])
+    assert profile(raw) == {
+        "samples": 10,
+        "own": {"Poller.poll (zmq/sugar/poll.py:106)": 60.0, "Sink.release (encoder_server/server/sink.py:271)": 30.0,
+                "Sink.release (encoder_server/server/sink.py:275)": 10.0},
+        "within": {"Sink.run (encoder_server/server/sink.py)": 100.0,  # the launcher's frames left out
+                   "Sink.release (encoder_server/server/sink.py)": 40.0}}
+    assert list(profile(raw, top=1)["own"]) == ["Poller.poll (zmq/sugar/poll.py:106)"]
+
+
+def test_py_spy_samples_each_stage_of_a_server_under_load():
+    from benchmark.cpu_split import measure_py_spy
+    cell, stages = measure_py_spy(batch=4, clients=2, seconds=2.0, loaders=1, flags=("--num-worker", "1"), rate=100)
+    assert cell["requests_per_s"] > 0
+    assert "Ventilator.run (encoder_server/server/ventilator.py)" in stages["ventilator"]["within"], stages
+    assert "Sink.run (encoder_server/server/sink.py)" in stages["sink"]["within"], stages
+    assert any("Worker." in function for function in stages["workers"]["within"]), stages
+
+
 def test_a_closed_loop_calls_its_watcher_with_the_window_while_the_clients_run():
     from benchmark import engines, pipeline
     seen = []
