@@ -11,8 +11,10 @@ With `--threads` it needs neither: it reads, from Linux's /proc, the user and sy
 each stage's threads over the window, in µs per request, its own threads (the loop of the
 ventilator and of the sink; a worker's intake, tokenizing threads and lanes, which all bear its
 name) apart from ZeroMQ's (ZMQbg/...). With `--py-spy` it samples each of the server's processes
-with py-spy (which needs the right to trace them: root, or their ancestor) and gives, by stage, the
-share of its samples each Python function ran in, itself and with what it called.
+with py-spy (which needs the right to trace them: root, or their ancestor), the threads that hold
+the GIL, and gives by stage the time its Python took per request (the rest of its CPU time went to
+native code that let the GIL go) and the share of it each line and each of the server's functions
+took.
 """
 import argparse
 import json
@@ -32,7 +34,7 @@ from benchmark import engines, pipeline  # noqa: E402
 PROCESSES = ("clients", "ventilator", "sink", "workers", "ZeroMQ I/O threads", "other", "idle")
 KINDS = ("Python", "kernel", "ZeroMQ", "other native")
 SAMPLES_PER_S = 499
-SPY_RATE = 250  # py-spy's samples a second of each process
+SPY_RATE = 100  # py-spy's samples a second of each process, each pausing it (reads without a pause gave wrong lines)
 TOP = 12  # functions a py-spy profile lists
 OUR_CODE = re.compile(r"\(encoder_(server|client)/")
 LAUNCHER = re.compile(r"\(encoder_server/(cli|server/supervisor|server/worker_pool)\.py\)")
@@ -155,8 +157,11 @@ def measure_threads(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model
 
 
 def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=None, rate=SPY_RATE):
-    """(the cell's closed-loop figures, {stage: profile} as `profile` gives it), py-spy sampling each
-    of the server's processes over the window, the server as `service` starts it."""
+    """(the cell's closed-loop figures, {stage: profile}), py-spy sampling each of the server's
+    processes over the window, the server as `service` starts it: each stage's profile as `profile`
+    gives it, with the µs per request its threads held the GIL (its Python's own work: the rest of its
+    CPU time per request, which the cell gives, went to native code that let the GIL go, a wait in C
+    among it)."""
     stacks = {}
 
     def record(window):  # on closed_loop's watcher thread, which it waits for
@@ -165,7 +170,7 @@ def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=
             spies = [(pipeline.stage_of(process), Path(folder) / f"{process.pid}.txt", process.pid)
                      for process in pipeline.process_tree(server.process.pid)]
             running = [(stage, out, subprocess.Popen(
-                [py_spy(), "record", "--nonblocking", "--rate", str(rate), "--duration", str(round(seconds)),
+                [py_spy(), "record", "--gil", "--rate", str(rate), "--duration", str(round(seconds)),
                  "--format", "raw", "--output", str(out), "--pid", str(pid)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)) for stage, out, pid in spies]
             for stage, out, spy in running:
@@ -177,7 +182,10 @@ def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=
     with service(model, flags) as server:
         cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid,
                                     during=record)
-    return cell, {stage: profile(raw) for stage, raw in stacks.items()}
+    stages = {stage: profile(raw, rate * round(seconds)) for stage, raw in stacks.items()}
+    for stage in stages.values():
+        stage["gil_us_per_request"] = round(1e6 * stage["gil_cores"] / max(cell["requests_per_s"], 1e-9))
+    return cell, stages
 
 
 def py_spy():
@@ -186,11 +194,13 @@ def py_spy():
     return str(beside) if beside.exists() else "py-spy"
 
 
-def profile(raw, top=TOP):
-    """{"samples", "own": {line: percent}, "within": {function: percent}} from py-spy's raw output (a
-    stack of frames, `function (file:line)` joined by `;`, and its count, a line each): the samples of
-    running threads, and the `top` by their share of them: the lines that ran, and the server's own
-    functions (but its launcher's) that ran or called what ran, their lines merged."""
+def profile(raw, samples_per_core, top=TOP):
+    """{"gil_cores", "own": {line: percent}, "within": {function: percent}} from py-spy's raw output
+    of samples of threads holding the GIL (a stack of frames, `function (file:line)` joined by `;`,
+    and its count, a line each): the cores they kept busy (their samples over `samples_per_core`, what
+    one thread holding it throughout gives), and the `top` by their share of the samples: the lines
+    that ran, and the server's own functions (but its launcher's) that ran or called what ran, their
+    lines merged."""
     own, within, total = Counter(), Counter(), 0
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
@@ -205,7 +215,7 @@ def profile(raw, top=TOP):
 
     def shares(counter):
         return {frame: round(100 * count / total, 1) for frame, count in counter.most_common(top)}
-    return {"samples": total, "own": shares(own), "within": shares(within)}
+    return {"gil_cores": round(total / samples_per_core, 3), "own": shares(own), "within": shares(within)}
 
 
 def main(argv=None):

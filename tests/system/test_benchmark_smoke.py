@@ -175,13 +175,13 @@ def test_a_py_spy_profile_gives_each_line_s_and_each_function_s_share_of_the_sam
     raw = "\n".join([f"{loop.format(81)};Poller.poll (zmq/sugar/poll.py:106) 6",
                      f"{loop.format(90)};Sink.release (encoder_server/server/sink.py:271) 3",
                      f"{loop.format(91)};Sink.release (encoder_server/server/sink.py:275) 1", ""])
-    assert profile(raw) == {
-        "samples": 10,
+    assert profile(raw, samples_per_core=20) == {
+        "gil_cores": 0.5,
         "own": {"Poller.poll (zmq/sugar/poll.py:106)": 60.0, "Sink.release (encoder_server/server/sink.py:271)": 30.0,
                 "Sink.release (encoder_server/server/sink.py:275)": 10.0},
         "within": {"Sink.run (encoder_server/server/sink.py)": 100.0,  # the launcher's frames left out
                    "Sink.release (encoder_server/server/sink.py)": 40.0}}
-    assert list(profile(raw, top=1)["own"]) == ["Poller.poll (zmq/sugar/poll.py:106)"]
+    assert list(profile(raw, 20, top=1)["own"]) == ["Poller.poll (zmq/sugar/poll.py:106)"]
 
 
 def test_py_spy_samples_each_stage_of_a_server_under_load():
@@ -189,6 +189,7 @@ def test_py_spy_samples_each_stage_of_a_server_under_load():
     cell, stages = measure_py_spy(batch=4, clients=2, seconds=2.0, loaders=1, flags=("--num-worker", "1"), rate=100)
     assert cell["requests_per_s"] > 0
     assert "Ventilator.run (encoder_server/server/ventilator.py)" in stages["ventilator"]["within"], stages
+    assert stages["workers"]["gil_us_per_request"] > 0, stages
     assert "Sink.run (encoder_server/server/sink.py)" in stages["sink"]["within"], stages
     assert any("Worker." in function for function in stages["workers"]["within"]), stages
 
