@@ -115,20 +115,30 @@ def measure(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=None):
 
 
 def thread_seconds(server_pid):
-    """{(stage, "own" or "ZeroMQ", "user" or "system"): CPU seconds so far} of the server's threads."""
+    """{(stage, threads, "user" or "system"): CPU seconds so far} of the server's threads: "own" (those
+    named as their process is), "ZeroMQ" (its I/O threads), or the name that others give themselves,
+    digits left out (a CUDA driver's, say)."""
     import psutil
     totals = {}
     for process in pipeline.process_tree(server_pid):
         try:
-            threads = process.threads()
+            threads, name = process.threads(), process.name()
             stage = pipeline.stage_of(process)
         except psutil.Error:
             continue
         for thread in threads:
-            group = "ZeroMQ" if _thread_name(process.pid, thread.id).startswith(ZEROMQ_THREADS) else "own"
+            group = _thread_group(_thread_name(process.pid, thread.id), name)
             for kind, seconds in (("user", thread.user_time), ("system", thread.system_time)):
                 totals[stage, group, kind] = totals.get((stage, group, kind), 0.0) + seconds
     return totals
+
+
+def _thread_group(thread_name, process_name):
+    if thread_name.startswith(ZEROMQ_THREADS):
+        return "ZeroMQ"
+    if thread_name in ("", process_name):
+        return "own"
+    return re.sub(r"\d+", "", thread_name)
 
 
 def _thread_name(pid, tid):
@@ -160,11 +170,12 @@ def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=
     """(the cell's closed-loop figures, {stage: profile}), py-spy sampling each of the server's
     processes over the window, the server as `service` starts it: each stage's profile as `profile`
     gives it, with the µs per request its threads held the GIL (its Python's own work: the rest of its
-    CPU time per request, which the cell gives, went to native code that let the GIL go, a wait in C
-    among it)."""
-    stacks = {}
+    CPU time went to native code that let the GIL go, a wait in C among it) and the CPU µs per request
+    of its threads as `thread_seconds` groups them."""
+    stacks, by_thread = {}, []
 
     def record(window):  # on closed_loop's watcher thread, which it waits for
+        clock = pipeline.CpuClock(lambda: thread_seconds(server.process.pid), window)
         time.sleep(max(0.0, window[0] - time.time()))
         with tempfile.TemporaryDirectory() as folder:
             spies = [(pipeline.stage_of(process), Path(folder) / f"{process.pid}.txt", process.pid)
@@ -178,13 +189,20 @@ def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=
                 if spy.returncode:
                     raise RuntimeError(f"py-spy on the {stage}: {said.strip()}")
                 stacks[stage] = stacks.get(stage, "") + out.read_text()
+        by_thread.append(clock.spent())
 
     with service(model, flags) as server:
         cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid,
                                     during=record)
+    requests = max(1.0, cell["requests_per_s"] * seconds)
     stages = {stage: profile(raw, rate * round(seconds)) for stage, raw in stacks.items()}
-    for stage in stages.values():
-        stage["gil_us_per_request"] = round(1e6 * stage["gil_cores"] / max(cell["requests_per_s"], 1e-9))
+    for name, stage in stages.items():
+        stage["gil_us_per_request"] = round(1e6 * stage["gil_cores"] * seconds / requests)
+        stage["cpu_us_per_request_by_thread"] = {}
+        for (of, group, _), used in sorted(by_thread[0].items()):
+            if of == name:
+                threads = stage["cpu_us_per_request_by_thread"]
+                threads[group] = round(threads.get(group, 0) + 1e6 * used / requests)
     return cell, stages
 
 

@@ -184,12 +184,22 @@ def test_a_py_spy_profile_gives_each_line_s_and_each_function_s_share_of_the_sam
     assert list(profile(raw, 20, top=1)["own"]) == ["Poller.poll (zmq/sugar/poll.py:106)"]
 
 
+def test_threads_group_as_their_process_s_own_zeromq_s_or_by_their_own_name():
+    from benchmark.cpu_split import _thread_group
+    assert _thread_group("worker-0", "worker-0") == _thread_group("", "sink") == "own"
+    assert _thread_group("ZMQbg/IO/0", "worker-0") == _thread_group("ZMQbg/Reaper", "sink") == "ZeroMQ"
+    assert _thread_group("cuda00001400006", "worker-3") == "cuda"
+    assert _thread_group("cuda-EvtHandlr", "worker-3") == "cuda-EvtHandlr"
+
+
 def test_py_spy_samples_each_stage_of_a_server_under_load():
     from benchmark.cpu_split import measure_py_spy
     cell, stages = measure_py_spy(batch=4, clients=2, seconds=2.0, loaders=1, flags=("--num-worker", "1"), rate=100)
     assert cell["requests_per_s"] > 0
     assert "Ventilator.run (encoder_server/server/ventilator.py)" in stages["ventilator"]["within"], stages
     assert stages["workers"]["gil_us_per_request"] > 0, stages
+    for stage in ("ventilator", "sink", "workers"):
+        assert stages[stage]["cpu_us_per_request_by_thread"]["own"] > 0, stages
     assert "Sink.run (encoder_server/server/sink.py)" in stages["sink"]["within"], stages
     assert any("Worker." in function for function in stages["workers"]["within"]), stages
 
