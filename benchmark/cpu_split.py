@@ -103,12 +103,12 @@ def service(model=None, flags=()):
     return engines.Service("service (zero backend)", ("--backend", "zero", *flags), env=pipeline.ZERO_BACKEND)
 
 
-def measure(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=None):
+def measure(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=None, warmup=1.0):
     """(the cell's closed-loop figures, {process: {kind: percent}}), the server as `service` starts it."""
     with tempfile.TemporaryDirectory() as folder, service(model, flags) as server:
         data = Path(folder) / "perf.data"
         cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders,
-                                    server.process.pid, during=lambda window: record(window, data))
+                                    server.process.pid, warmup, during=lambda window: record(window, data))
         report = subprocess.run(["perf", "report", "-i", str(data), "--sort", "comm,dso", "--stdio"], check=True,
                                 capture_output=True, text=True, timeout=300).stdout
     return cell, split(report)
@@ -148,7 +148,7 @@ def _thread_name(pid, tid):
         return ""
 
 
-def measure_threads(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=None):
+def measure_threads(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=None, warmup=1.0):
     """(the cell's closed-loop figures, {"stage, threads": {user_us, system_us} per request}), the
     server as `service` starts it."""
     used_by_thread = []
@@ -158,7 +158,7 @@ def measure_threads(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model
 
     with service(model, flags) as server:
         cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid,
-                                    during=read)
+                                    warmup, during=read)
     requests = max(1.0, cell["requests_per_s"] * seconds)
     spent = {}
     for (stage, group, kind), used in sorted(used_by_thread[0].items()):
@@ -166,13 +166,13 @@ def measure_threads(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model
     return cell, spent
 
 
-def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=None, rate=SPY_RATE):
+def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=None, warmup=1.0, rate=SPY_RATE):
     """(the cell's closed-loop figures, {stage: profile}), py-spy sampling each of the server's
     processes over the window, the server as `service` starts it: each stage's profile as `profile`
     gives it, with the µs per request its threads held the GIL (its Python's own work: the rest of its
     CPU time went to native code that let the GIL go, a wait in C among it) and the CPU µs per request
     of its threads as `thread_seconds` groups them."""
-    stacks, by_thread = {}, []
+    stacks, by_thread, duration = {}, [], max(1, round(seconds))  # py-spy's, in whole seconds
 
     def record(window):  # on closed_loop's watcher thread, which it waits for
         clock = pipeline.CpuClock(lambda: thread_seconds(server.process.pid), window)
@@ -181,7 +181,7 @@ def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=
             spies = [(pipeline.stage_of(process), Path(folder) / f"{process.pid}.txt", process.pid)
                      for process in pipeline.process_tree(server.process.pid)]
             running = [(stage, out, subprocess.Popen(
-                [py_spy(), "record", "--gil", "--rate", str(rate), "--duration", str(round(seconds)),
+                [py_spy(), "record", "--gil", "--rate", str(rate), "--duration", str(duration),
                  "--format", "raw", "--output", str(out), "--pid", str(pid)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)) for stage, out, pid in spies]
             for stage, out, spy in running:
@@ -193,9 +193,9 @@ def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=
 
     with service(model, flags) as server:
         cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid,
-                                    during=record)
+                                    warmup, during=record)
     requests = max(1.0, cell["requests_per_s"] * seconds)
-    stages = {stage: profile(raw, rate * round(seconds)) for stage, raw in stacks.items()}
+    stages = {stage: profile(raw, rate * duration) for stage, raw in stacks.items()}
     for name, stage in stages.items():
         stage["gil_us_per_request"] = round(1e6 * stage["gil_cores"] * seconds / requests)
         stage["cpu_us_per_request_by_thread"] = {}
@@ -242,12 +242,13 @@ def main(argv=None):
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--loaders", type=int, default=2, help="client processes")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of load before the window opens")
     parser.add_argument("--model", help="serve this model instead of the zero backend")
     parser.add_argument("--threads", action="store_true", help="CPU time by stage and thread, from /proc")
-    parser.add_argument("--py-spy", action="store_true", help="each function's share of py-spy's samples, by stage")
+    parser.add_argument("--py-spy", action="store_true", help="each stage's Python time and where it goes")
     parser.add_argument("flags", nargs="*", help="server flags, after --")
     args = parser.parse_args(argv)
-    cell_args = (args.batch, args.clients, args.seconds, args.loaders, args.flags, args.model)
+    cell_args = (args.batch, args.clients, args.seconds, args.loaders, args.flags, args.model, args.warmup)
     if args.py_spy:
         cell, stages = measure_py_spy(*cell_args)
         print(json.dumps({"cell": cell, "profiles": stages}, indent=1))

@@ -18,19 +18,19 @@
 #             ceiling on the zero backend, on the host's 16 cores, clients in 8 processes
 #   profile   where the workers' CPU goes in the 32-client cell (32 texts a request), at 8 workers
 #             and at 2, and for one-text requests one at a time (benchmark/cpu_split.py --py-spy: CPU
-#             per request by stage, each function's share of py-spy's samples): goal 2's open question,
-#             why 8 workers spend 2.4x the CPU per request that 2 do
+#             per request by stage and thread, the part of it in Python and where that goes): goal 2's
+#             open question, why 8 workers spend 2.4x the CPU per request that 2 do
 #   graphs    CUDA graphs (on by default): their CUDA tests, the backend with and without them
 #             (benchmark/cuda_passes.py), and the service at 8 workers in fp16 with and without them, and
 #             holding 2 bulk jobs a lane instead of the default 3 on cuda, 8 in fp32 with them, beside
 #             sentence-transformers in fp16
 #
 #   device run, carry [".device"], timeout_s 600:  bash benchmark/gpu_session.sh
-#   a second call, if device time is left:         bash benchmark/gpu_session.sh graphs
+#   a second call, if device time is left:         bash benchmark/gpu_session.sh profile
 #
 # Everything it prints and writes lands in $OUT, a file or two a step (the device tool brings back
-# eight: tests, sweep and profile make seven). PYTHON names another interpreter (the GPU machines' python3 holds torch); a step that runs
-# past its share of the time is stopped and the next one runs.
+# eight: tests, sweep and profile make seven). PYTHON names another interpreter (the GPU machines'
+# python3 holds torch); a step that runs past its share of the time is stopped and the next one runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -64,8 +64,8 @@ for name in $STEPS; do
         profile) for cell in "8 32 32" "2 32 32" "8 1 1"; do
                      set -- $cell
                      step "profile-$1w-$2x$3" 110 "$PYTHON" -m benchmark.cpu_split --py-spy --model "$MODEL" \
-                         --clients "$2" --batch "$3" --loaders "$(( $2 < 8 ? $2 : 8 ))" --seconds 8 -- --device cuda --fp16 \
-                         --num-worker "$1"
+                         --clients "$2" --batch "$3" --loaders "$(( $2 < 8 ? $2 : 8 ))" --warmup 4 --seconds 8 \
+                         -- --device cuda --fp16 --num-worker "$1"
                  done ;;
         precision) DEVICE=cuda step half-precision 60 "$PYTHON" -m benchmark.half_precision "$MODEL" ;;
         graphs) step graph-tests 120 "$PYTHON" -m pytest -v -p no:cacheprovider -m cuda tests/cuda -k "graphs or memory"
