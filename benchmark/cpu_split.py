@@ -19,6 +19,7 @@ took.
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -172,16 +173,23 @@ def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=
     gives it, with the µs per request its threads held the GIL (its Python's own work: the rest of its
     CPU time went to native code that let the GIL go, a wait in C among it) and the CPU µs per request
     of its threads as `thread_seconds` groups them."""
-    stacks, by_thread, duration = {}, [], max(1, round(seconds))  # py-spy's, in whole seconds
+    program, duration = py_spy(), max(1, round(seconds))  # py-spy's duration, in whole seconds
+    stacks, by_thread, failed = {}, [], []
 
     def record(window):  # on closed_loop's watcher thread, which it waits for
+        try:
+            by_thread.append(sample(window))
+        except Exception as error:  # raised again on the calling thread
+            failed.append(error)
+
+    def sample(window):
         clock = pipeline.CpuClock(lambda: thread_seconds(server.process.pid), window)
         time.sleep(max(0.0, window[0] - time.time()))
         with tempfile.TemporaryDirectory() as folder:
             spies = [(pipeline.stage_of(process), Path(folder) / f"{process.pid}.txt", process.pid)
                      for process in pipeline.process_tree(server.process.pid)]
             running = [(stage, out, subprocess.Popen(
-                [py_spy(), "record", "--gil", "--rate", str(rate), "--duration", str(duration),
+                [program, "record", "--gil", "--rate", str(rate), "--duration", str(duration),
                  "--format", "raw", "--output", str(out), "--pid", str(pid)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)) for stage, out, pid in spies]
             for stage, out, spy in running:
@@ -189,11 +197,13 @@ def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=
                 if spy.returncode:
                     raise RuntimeError(f"py-spy on the {stage}: {said.strip()}")
                 stacks[stage] = stacks.get(stage, "") + out.read_text()
-        by_thread.append(clock.spent())
+        return clock.spent()
 
     with service(model, flags) as server:
         cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid,
                                     warmup, during=record)
+    if failed:
+        raise failed[0]
     requests = max(1.0, cell["requests_per_s"] * seconds)
     stages = {stage: profile(raw, rate * duration) for stage, raw in stacks.items()}
     for name, stage in stages.items():
@@ -209,7 +219,10 @@ def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=
 def py_spy():
     """The py-spy program: beside this interpreter (a virtual environment's), or on the PATH."""
     beside = Path(sys.executable).parent / "py-spy"
-    return str(beside) if beside.exists() else "py-spy"
+    found = str(beside) if beside.exists() else shutil.which("py-spy")
+    if not found:
+        raise RuntimeError("py-spy is not installed here: pip install py-spy (it comes with the benchmark extra)")
+    return found
 
 
 def profile(raw, samples_per_core, top=TOP):
