@@ -24,6 +24,8 @@ machinery.
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -122,18 +124,20 @@ def sweep(to_run, loads, repeats, on_row=print_row):
     """A row per engine of `to_run` and cell of `loads` that it takes, each the median of `repeats`
     runs; `on_row` is given the rows so far after each one. A service's row also says how many
     cores each of its stages kept busy over the cell (warm-up included): workers that keep fewer
-    busy than they have threads to tokenize and run are waiting on the GPU."""
+    busy than they have threads to tokenize and run are waiting on the GPU; and every row on cuda,
+    how busy the GPU was."""
     rows = []
     for name, make, in_process in to_run:
         with make() as engine:
             for cell, for_in_process, measure in loads:
                 if in_process and not for_in_process:
                     continue
-                with BusyCores(None if in_process else engine.process.pid) as busy:
+                with BusyCores(None if in_process else engine.process.pid) as busy, GpuBusy() as gpu:
                     summary = load.median_of([measure(engine) for _ in range(repeats)])
                 rows.append({"configuration": name, "cell": cell, "texts_per_s": summary["sentences_per_s"],
                              "p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"],
-                             **({"busy_cores": busy.cores} if busy.cores else {})})
+                             **({"busy_cores": busy.cores} if busy.cores else {}),
+                             **({"gpu_busy_percent": gpu.percent} if gpu.percent is not None else {})})
                 on_row(rows)
     return rows
 
@@ -156,6 +160,30 @@ class BusyCores:
 
     def _read(self):
         return pipeline.stage_cpu_seconds(self.server_pid, clients=False) if self.server_pid else {}
+
+
+class GpuBusy:
+    """Over a `with` block on cuda, the share of time the GPU ran a kernel, in `percent`: the mean of
+    nvidia-smi's utilization.gpu read every 100 ms (None on the CPU, or without nvidia-smi)."""
+
+    def __enter__(self):
+        program = shutil.which("nvidia-smi") if DEVICE == "cuda" else None
+        self.percent, self.process = None, program and subprocess.Popen(
+            [program, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return self
+
+    def __exit__(self, *_):
+        if self.process:
+            self.process.terminate()
+            readings, _ = self.process.communicate(timeout=30)
+            self.percent = mean_reading(readings)
+
+
+def mean_reading(readings):
+    """The mean of the numbers in nvidia-smi's lines of one GPU's readings (None if none is)."""
+    numbers = [float(line) for line in readings.split() if line.replace(".", "", 1).isdigit()]
+    return round(sum(numbers) / len(numbers), 1) if numbers else None
 
 
 def device_name():

@@ -161,13 +161,16 @@ def _gpu_table(gpu):
                         "benchmark/results/issue31-gpu).", ""]
     for sweep in gpu if isinstance(gpu, list) else [gpu]:
         busy = any("busy_cores" in row for row in sweep["rows"])
+        gpu_busy = any("gpu_busy_percent" in row for row in sweep["rows"])
         lines += [f"{sweep['device']}: the service (a worker per two CPUs by default here: {sweep['default_workers']}) "
                   "against sentence-transformers in-process on the same device (batch 256), "
                   "`benchmark/gpu_sweep.py`." + (f" {sweep['note']}" if sweep.get("note") else ""), "",
-                  "| engine | cell | texts/s | p50 ms | p99 ms |" + (BUSY_HEAD if busy else ""),
-                  "|---|---|---|---|---|" + ("---|" if busy else "")]
+                  "| engine | cell | texts/s | p50 ms | p99 ms |" + (BUSY_HEAD if busy else "")
+                  + (" GPU busy % |" if gpu_busy else ""),
+                  "|---|---|---|---|---|" + ("---|" if busy else "") + ("---|" if gpu_busy else "")]
         lines += [f"| {row['configuration']} | {row['cell']} | {row['texts_per_s']:,.0f} | {row['p50_ms']} | "
-                  f"{row['p99_ms']} |" + (f" {_busy_cores(row)} |" if busy else "") for row in sweep["rows"]] + [""]
+                  f"{row['p99_ms']} |" + (f" {_busy_cores(row)} |" if busy else "")
+                  + (f" {row.get('gpu_busy_percent', '–')} |" if gpu_busy else "") for row in sweep["rows"]] + [""]
     return lines
 
 

@@ -97,6 +97,30 @@ def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path, monkeypatch):
     assert "| cores busy: workers / ventilator / sink |" in table
 
 
+def test_gpu_busy_is_the_mean_of_nvidia_smi_s_readings_over_the_block(tmp_path, monkeypatch):
+    """GpuBusy reads nvidia-smi's utilization.gpu as a program of that name prints it (one number a
+    line, every 100 ms, until stopped), and puts it in the GPU table beside the cores busy."""
+    from benchmark import gpu_sweep
+    from benchmark.report import _gpu_table
+    program = tmp_path / "nvidia-smi"
+    program.write_text("#!/bin/sh\nfor value in 40 60 80; do echo $value; sleep 0.05; done\nexec sleep 30\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(gpu_sweep, "DEVICE", "cuda")
+    started = time.monotonic()
+    with gpu_sweep.GpuBusy() as gpu:
+        time.sleep(0.5)
+    assert gpu.percent == 60.0 and time.monotonic() - started < 10  # stopped, not waited for
+    assert gpu_sweep.mean_reading("[N/A]\n") is None
+    monkeypatch.setattr(gpu_sweep, "DEVICE", "cpu")
+    with gpu_sweep.GpuBusy() as gpu:
+        pass
+    assert gpu.percent is None
+    row = {"configuration": "8 workers, fp16", "cell": "short", "texts_per_s": 1.0, "p50_ms": 1, "p99_ms": 2}
+    table = _gpu_table({"device": "H200", "default_workers": 8, "rows": [{**row, "gpu_busy_percent": 71.5}, row]})
+    assert table[4].endswith(" GPU busy % |") and table[6].endswith("| 71.5 |") and table[7].endswith("| – |")
+
+
 def test_interleaved_times_each_text_in_process_and_through_the_service(tiny_model, tmp_path):
     logs = [Path("/tmp"), tmp_path]  # where the server's log would stay: the old fixed folder, or TMPDIR
     before = [set(folder.glob("bench-*.log")) for folder in logs]
