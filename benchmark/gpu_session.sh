@@ -9,9 +9,9 @@
 #             (the model's share of batch-1 latency)
 #   sweep     the service, with CUDA graphs (the default), at 8 workers in fp16 and fp32 and at 2
 #             and 4 in fp16, each tokenizing on its default share of the cores (1, 4 and 2 threads),
-#             and at 8 in fp16 tokenizing on 2 threads each, beside sentence-transformers in fp16 in
-#             process, under the loads (benchmark/gpu_sweep.py): goals 1, 2 and 4, most
-#             telling first
+#             and at 8 in fp16 with jobs of 32 texts (a request of 256 then reaches all 8 workers, not
+#             4) and tokenizing on 2 threads each, beside sentence-transformers in fp16 in process,
+#             under the loads (benchmark/gpu_sweep.py): goals 1, 2 and 4, most telling first
 #   passes    the model alone on the service's passes, warmed up: fp32 and fp16, SDPA and eager
 #   precision the model's rows in fp16 and bf16 against fp32 on the GPU (benchmark/half_precision.py)
 #   pipeline  what one hop between two processes costs there (benchmark/hops.py), then the server's own
@@ -59,8 +59,8 @@ for name in $STEPS; do
         model) DEVICE=cuda step model-alone 100 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --count 1024 \
                    --only unseen single ;;
         passes) DEVICE=cuda step cuda-passes 150 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --only warmed ;;
-        sweep) step gpu-sweep 300 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --baselines fp16 --services \
-                   8:fp16 2:fp16 8:fp32 8:fp16:tok2 4:fp16 --out "$OUT/gpu-sweep.json" ;;
+        sweep) step gpu-sweep 310 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --baselines fp16 --services \
+                   8:fp16 2:fp16 8:fp32 4:fp16 8:fp16:rows32 8:fp16:tok2 --out "$OUT/gpu-sweep.json" ;;
         profile) for cell in "8 32 32" "2 32 32" "8 1 1"; do
                      set -- $cell
                      step "profile-$1w-$2x$3" 110 "$PYTHON" -m benchmark.cpu_split --py-spy --model "$MODEL" \
