@@ -228,6 +228,19 @@ def test_py_spy_samples_each_stage_of_a_server_under_load():
     assert any("Worker." in function for function in stages["workers"]["within"]), stages
 
 
+def test_a_process_py_spy_cannot_sample_keeps_its_threads_cpu_and_says_why(tmp_path, monkeypatch):
+    from benchmark import cpu_split
+    refusing = tmp_path / "py-spy"
+    refusing.write_text("#!/bin/sh\necho 'Permission denied (os error 13)' >&2\nexit 1\n")
+    refusing.chmod(0o755)
+    monkeypatch.setattr(cpu_split, "py_spy", lambda: str(refusing))
+    cell, stages = cpu_split.measure_py_spy(batch=1, clients=1, seconds=1.0, loaders=1, flags=("--num-worker", "1"))
+    assert cell["requests_per_s"] > 0
+    for stage in ("ventilator", "sink", "workers"):
+        assert "Permission denied" in stages[stage]["py_spy_error"] and "own" in stages[stage][
+            "cpu_us_per_request_by_thread"] and "gil_cores" not in stages[stage], stages
+
+
 def test_a_closed_loop_calls_its_watcher_with_the_window_while_the_clients_run():
     from benchmark import engines, pipeline
     seen = []
