@@ -176,7 +176,11 @@ class GpuBusy:
     def __exit__(self, *_):
         if self.process:
             self.process.terminate()
-            readings, _ = self.process.communicate(timeout=30)
+            try:
+                readings, _ = self.process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:  # a stuck nvidia-smi costs the column, not the sweep
+                self.process.kill()
+                readings, _ = self.process.communicate()
             self.percent = mean_reading(readings)
 
 
