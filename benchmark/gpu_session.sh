@@ -42,8 +42,9 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 "$PYTHON" -m benchmark.device_kit unpack "$KIT" > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
 export PYTHONPATH="$PWD/$KIT/site:$PWD" PATH="$PWD/$KIT/site/bin:$PATH"
 MODEL="$PWD/$KIT/model"
-{ nvidia-smi -L; "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda:', torch.cuda.is_available())"; } \
-    >> "$OUT/setup.log" 2>&1
+{ nvidia-smi -L; "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda:', torch.cuda.is_available())"
+  echo "cpus: $(nproc)"; grep -m3 -E "model name|siblings|cpu cores" /proc/cpuinfo; } \
+    >> "$OUT/setup.log" 2>&1  # siblings twice cpu cores: two hardware threads a core, sharing it
 cat "$OUT/setup.log"
 step() {  # step NAME SECONDS COMMAND...: its output to $OUT/NAME.log, its last lines here
     local name=$1 seconds=$2
