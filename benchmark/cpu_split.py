@@ -104,12 +104,35 @@ def service(model=None, flags=()):
     return engines.Service("service (zero backend)", ("--backend", "zero", *flags), env=pipeline.ZERO_BACKEND)
 
 
+def watched_cell(batch, clients, seconds, loaders, flags, model, warmup, watch):
+    """(the closed-loop cell's figures, what `watch(window, server_pid)` returned), the server as
+    `service` starts it: `watch` runs on closed_loop's watcher thread over the cell's window (its
+    wall-clock start and end), and what it raises is raised here."""
+    outcome = []
+
+    def during(window):
+        try:
+            outcome.append((True, watch(window, server.process.pid)))
+        except Exception as error:  # raised again on the calling thread
+            outcome.append((False, error))
+
+    with service(model, flags) as server:
+        cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders,
+                                    server.process.pid, warmup, during=during)
+    if not outcome:
+        raise RuntimeError("the cell opened no window to watch")
+    watched, value = outcome[0]
+    if not watched:
+        raise value
+    return cell, value
+
+
 def measure(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=None, warmup=1.0):
     """(the cell's closed-loop figures, {process: {kind: percent}}), the server as `service` starts it."""
-    with tempfile.TemporaryDirectory() as folder, service(model, flags) as server:
+    with tempfile.TemporaryDirectory() as folder:
         data = Path(folder) / "perf.data"
-        cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders,
-                                    server.process.pid, warmup, during=lambda window: record(window, data))
+        cell, _ = watched_cell(batch, clients, seconds, loaders, flags, model, warmup,
+                               lambda window, _: record(window, data))
         report = subprocess.run(["perf", "report", "-i", str(data), "--sort", "comm,dso", "--stdio"], check=True,
                                 capture_output=True, text=True, timeout=300).stdout
     return cell, split(report)
@@ -152,17 +175,12 @@ def _thread_name(pid, tid):
 def measure_threads(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=None, warmup=1.0):
     """(the cell's closed-loop figures, {"stage, threads": {user_us, system_us} per request}), the
     server as `service` starts it."""
-    used_by_thread = []
-
-    def read(window):  # on closed_loop's watcher thread, which it waits for
-        used_by_thread.append(pipeline.CpuClock(lambda: thread_seconds(server.process.pid), window).spent())
-
-    with service(model, flags) as server:
-        cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid,
-                                    warmup, during=read)
+    cell, used_by_thread = watched_cell(
+        batch, clients, seconds, loaders, flags, model, warmup,
+        lambda window, server_pid: pipeline.CpuClock(lambda: thread_seconds(server_pid), window).spent())
     requests = max(1.0, cell["requests_per_s"] * seconds)
     spent = {}
-    for (stage, group, kind), used in sorted(used_by_thread[0].items()):
+    for (stage, group, kind), used in sorted(used_by_thread.items()):
         spent.setdefault(f"{stage}, {group}", {})[f"{kind}_us"] = round(1e6 * used / requests, 1)
     return cell, spent
 
@@ -175,20 +193,14 @@ def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=
     of its threads as `thread_seconds` groups them. Where py-spy could not sample a process (no right
     to trace it, say), its stage says why, in "py_spy_error", beside its threads' CPU."""
     program, duration = py_spy(), max(1, round(seconds))  # py-spy's duration, in whole seconds
-    stacks, errors, by_thread, failed = {}, {}, [], []
+    stacks, errors = {}, {}
 
-    def record(window):  # on closed_loop's watcher thread, which it waits for
-        try:
-            by_thread.append(sample(window))
-        except Exception as error:  # raised again on the calling thread
-            failed.append(error)
-
-    def sample(window):
-        clock = pipeline.CpuClock(lambda: thread_seconds(server.process.pid), window)
+    def sample(window, server_pid):  # the CPU time of each thread, and each process's stacks
+        clock = pipeline.CpuClock(lambda: thread_seconds(server_pid), window)
         time.sleep(max(0.0, window[0] - time.time()))
         with tempfile.TemporaryDirectory() as folder:
             spies = [(pipeline.stage_of(process), Path(folder) / f"{process.pid}.txt", process.pid)
-                     for process in pipeline.process_tree(server.process.pid)]
+                     for process in pipeline.process_tree(server_pid)]
             running = [(stage, out, subprocess.Popen(
                 [program, "record", "--gil", "--rate", str(rate), "--duration", str(duration),
                  "--format", "raw", "--output", str(out), "--pid", str(pid)],
@@ -201,19 +213,15 @@ def measure_py_spy(batch=1, clients=32, seconds=5.0, loaders=2, flags=(), model=
                     stacks[stage] = stacks.get(stage, "") + out.read_text()
         return clock.spent()
 
-    with service(model, flags) as server:
-        cell = pipeline.closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid,
-                                    warmup, during=record)
-    if failed:
-        raise failed[0]
+    cell, by_thread = watched_cell(batch, clients, seconds, loaders, flags, model, warmup, sample)
     requests = max(1.0, cell["requests_per_s"] * seconds)
-    stages = {stage: {} for stage, _, _ in by_thread[0]}
+    stages = {stage: {} for stage, _, _ in by_thread}
     for stage, raw in stacks.items():
         stages[stage] = profile(raw, rate * duration)
         stages[stage]["gil_us_per_request"] = round(1e6 * stages[stage]["gil_cores"] * seconds / requests)
     for stage, error in errors.items():
         stages.setdefault(stage, {})["py_spy_error"] = error
-    for (stage, group, _), used in sorted(by_thread[0].items()):
+    for (stage, group, _), used in sorted(by_thread.items()):
         threads = stages[stage].setdefault("cpu_us_per_request_by_thread", {})
         threads[group] = round(threads.get(group, 0) + 1e6 * used / requests)
     return cell, stages
