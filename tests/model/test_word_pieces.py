@@ -10,7 +10,7 @@ from benchmark import corpus
 from conftest import random_texts
 from encoder_server.model.model_folder import default_model_path
 from encoder_server.model.plain_text import PlainTexts
-from encoder_server.model.word_pieces import SPLITS_KEPT, Vocabulary, WordPieces, special_frame
+from encoder_server.model.word_pieces import WORDS_KEPT, Vocabulary, WordPieces, special_frame
 from test_plain_text import cased_tokenizer, printable_ascii
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "un", "##aff", "##able", "aff", "able", "run", "##ning", "##s", "a", "b",
@@ -45,7 +45,8 @@ def assert_same(tokenizer, texts):
 
 def test_pieces_outside_the_vocabulary_are_cut_greedily_or_unknown():
     texts = ["unaffable", "affable", "unable", "running runs", "runx", "un-able!", "don't", "123 1233 12a", "ab",
-             "xxxxxxxxx", "xxxxxxxxxx", "abcdefgh", "abcdefghi", "", "   ", "a.b.c", "zzz top"]
+             "xxxxxxxxx", "xxxxxxxxxx", "abcdefgh", "abcdefghi", "", "   ", "a.b.c", "zzz top",
+             "##able un##able ##", "run, run. run runs; runs"]  # a word that is an entry with its marks is cut
     assert_same(bare(), texts)
     assert_same(bare(max_chars=8), texts)  # longer pieces are [UNK], even one the vocabulary holds ("x" * 9)
     assert word_pieces(bare(max_chars=8)).encode(["xxxxxxxxx unaffable"], False)[0].ids == [1, 1]
@@ -54,7 +55,7 @@ def test_pieces_outside_the_vocabulary_are_cut_greedily_or_unknown():
 @pytest.mark.parametrize("truncate", [None, 5, 32])
 def test_real_vocabularies_give_what_tokenizers_gives(truncate, tiny_model, tmp_path):
     texts = printable_ascii(1500, seed=3) + random_texts(300, seed=4) + corpus.texts("short", 300) \
-        + corpus.texts("medium", 100) + ["word " * 300, "".join(map(chr, range(32, 127)))]
+        + corpus.texts("medium", 100) + ["word " * 300, "".join(map(chr, range(32, 127))), "[unused0] ##ing x##"]
     for folder in (default_model_path(), tiny_model, cased_tokenizer(tmp_path)):
         whole = FastTokenizer.from_file(str(folder / "tokenizer.json"))
         whole.no_padding()
@@ -89,10 +90,11 @@ def test_a_post_processor_it_does_not_frame_like_tokenizers_is_found_by_the_prob
 
 def test_the_words_it_cuts_are_kept_within_bounds():
     vocabulary = Vocabulary.of(bare())
-    words = [f"un{n}x" for n in range(SPLITS_KEPT + 100)]
+    words = [f"un{n}x" for n in range(WORDS_KEPT + 100)]
     for word in words:
-        vocabulary.ids(word)
-    assert vocabulary._split.cache_info().currsize == SPLITS_KEPT
+        assert vocabulary.ids(f"a {word}") == [12, 1]  # "un", then no continuation of "0x": [UNK]
+    assert len(vocabulary.cut_words) == WORDS_KEPT
+    assert words[-1] in vocabulary.cut_words and words[0] not in vocabulary.cut_words  # the oldest went first
 
 
 @pytest.mark.parametrize("seed", range(4))
