@@ -61,26 +61,31 @@ class PlainTexts:
         """`text` as the tokenizer's normalizer would make it, or None when it is not plain."""
         if not text.isascii():
             return None
-        printable = text.isprintable()  # then without tabs and line breaks: the usual case, the quickest
-        if not (printable or PLAIN.fullmatch(text)):
+        if text.isprintable():  # then without tabs and line breaks: the usual case, the quickest
+            lowered = text.lower()
+            if self.added is not None and self.added.search(lowered):
+                return None
+            return lowered if self.lowercase else text
+        if not PLAIN.fullmatch(text):
             return None
         lowered = text.lower()
-        spaced = lowered if printable or not self.clean else _spaced(lowered)
+        spaced = _spaced(lowered) if self.clean else lowered
         if self.added is not None and any(self.added.search(form) for form in {lowered, spaced}):
             return None
         if self.lowercase:
             return spaced
-        return text if printable or not self.clean else _spaced(text)
+        return _spaced(text) if self.clean else text
 
     def encode(self, items, with_tokens=False, add_special_tokens=True, is_pretokenized=False):
         """The tokenizer's encodings of `items` (texts, or pairs of texts), the plain ones through the
         bare tokenizer; word lists (`is_pretokenized`) all take the usual way."""
         if is_pretokenized:
             return _encode_batch(self.tokenizer, items, with_tokens, add_special_tokens, is_pretokenized)
-        normalized = list(map(self._normalized_item, items))
-        plain = [index for index, item in enumerate(normalized) if item is not None]
-        if len(plain) == len(items):
+        pairs = bool(items) and not isinstance(items[0], str)  # items are all texts, or all pairs (a reranker's)
+        normalized = list(map(self._normalized_pair if pairs else self.normalized, items))
+        if None not in normalized:
             return self._plain(normalized, with_tokens, add_special_tokens)
+        plain = [index for index, item in enumerate(normalized) if item is not None]
         if not plain:
             return _encode_batch(self.tokenizer, items, with_tokens, add_special_tokens)
         others = [index for index, item in enumerate(normalized) if item is None]
@@ -99,10 +104,8 @@ class PlainTexts:
             return self.words.encode(normalized, add_special_tokens)
         return _encode_batch(self.bare, normalized, with_tokens, add_special_tokens)
 
-    def _normalized_item(self, item):
-        if isinstance(item, str):
-            return self.normalized(item)
-        pair = tuple(map(self.normalized, item))
+    def _normalized_pair(self, pair):
+        pair = tuple(map(self.normalized, pair))
         return None if None in pair else pair
 
 

@@ -76,7 +76,8 @@ class Tokenizer:
         """Texts (or, with is_tokenized, lists of words) as an Encoding, each prefixed by `prompt`."""
         if prompt:
             texts = [prompt + text for text in texts]
-        texts = [self._bounded(item, is_tokenized) for item in texts]
+        whole = self._whole_size(is_tokenized)  # (asked once: the usual text is shorter, and kept as it is)
+        texts = [item if len(item) <= whole else self._bounded(item, is_tokenized) for item in texts]
         encoded = self._encode(texts, with_tokens, is_pretokenized=is_tokenized)
         ids = [row.ids for row in encoded]
         skip = 0 if self.include_prompt or not prompt else self._prompt_length(prompt)
@@ -165,14 +166,18 @@ class Tokenizer:
     def _bounded(self, item, is_tokenized):
         """`item` (a text, or a list of words), or a prefix of it with the same first `truncate_at`
         tokens when it is too long to tokenize whole."""
-        per_token, last = (1, 64) if is_tokenized else (CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN)
-        size = (self.truncate_at + MARGIN) * per_token
+        last = 64 if is_tokenized else MAX_CHARS_PER_TOKEN
+        size = self._whole_size(is_tokenized)
         while size < len(item):
             prefix = item[:size] if is_tokenized else _cut_at_whitespace(item, size)
             if size >= self.truncate_at * last or self._count(prefix, is_tokenized) > self.truncate_at + MARGIN:
                 return prefix
             size *= 4
         return item
+
+    def _whole_size(self, is_tokenized):
+        """The length (in characters, or words) up to which `_bounded` keeps an item whole."""
+        return (self.truncate_at + MARGIN) * (1 if is_tokenized else CHARS_PER_TOKEN)
 
     def _count(self, item, is_tokenized):
         return len(self._encode_whole([item], add_special_tokens=False, is_pretokenized=is_tokenized)[0].ids)
