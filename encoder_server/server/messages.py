@@ -332,7 +332,9 @@ class Register:
             raise MessageError(f"a REGISTER of {len(headers)} requests with {len(frames) - 1} identities")
         registrations = {}
         for header, identity in zip(headers, frames[1:]):
-            seq = typed(_Seq, {"seq": header.pop("seq", None)}).seq
+            seq = header.pop("seq", None)
+            if not is_count(seq):
+                raise MessageError("Register.seq is not a valid int")
             registrations[seq] = typed(Registration, {"identity": as_bytes(identity), **header})
         return cls(registrations)
 
@@ -437,8 +439,3 @@ class SinkRestarted:
 class WorkerSilent:
     """The ventilator gave up on a local worker that stopped sending heartbeats: kill it."""
     pid: int
-
-
-@dataclass(frozen=True)
-class _Seq:
-    seq: int

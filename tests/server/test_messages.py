@@ -145,6 +145,8 @@ ONE = {"seq": 1, "job_id": 1, "offset": 0}
     [b"READY", b'{"pid": "1", "host": "h"}'],
     [b"REFUSED", b'{"job_id": 1, "error": 5}'],
     [b"REGISTER", b'[{"seq": 1, "req_id": 1, "rows": -2}]', b"id"],
+    [b"REGISTER", b'[{"seq": -1, "req_id": 1, "rows": 2}]', b"id"],
+    [b"REGISTER", b'[{"seq": "1", "req_id": 1, "rows": 2}]', b"id"],
     # sparse parts: the entries must be what the header says, and well-formed
     _parts({**ONE, "shape": [1, 9], "sparse": 1}, b"\x00" * 24),
     _parts({**ONE, "shape": [1, 9], "sparse": -1}, b"\x00" * 16),
