@@ -26,7 +26,7 @@ from tokenizers import Tokenizer as FastTokenizer
 
 from .passes import Encoding
 from .plain_text import batch_encoder
-from .word_pieces import Vocabulary, special_frame
+from .word_pieces import Pieces, Vocabulary, special_frame
 
 CHARS_PER_TOKEN = 8          # the first prefix tried: enough for almost any real text
 MAX_CHARS_PER_TOKEN = 1024   # the longest prefix: past it, a text is cut regardless
@@ -84,7 +84,7 @@ class Tokenizer:
         pooled = [[int(i >= skip and not (self.mask_special and s)) for i, s in enumerate(row.special_tokens_mask)]
                   for row in encoded] if skip or self.mask_special else None
         tokens = [row.tokens for row in encoded] if with_tokens else None
-        return Encoding(ids, pooled, tokens, self._truncated(texts, ids, is_tokenized))
+        return Encoding(ids, pooled, tokens, self._truncated(texts, encoded, is_tokenized))
 
     def windows(self, texts, prompt="", overlap=0):
         """(Encoding, windows per text) of texts embedded whole: a text that fits is tokenized as
@@ -182,15 +182,17 @@ class Tokenizer:
     def _count(self, item, is_tokenized):
         return len(self._encode_whole([item], add_special_tokens=False, is_pretokenized=is_tokenized)[0].ids)
 
-    def _truncated(self, texts, ids, is_tokenized):
+    def _truncated(self, texts, encoded, is_tokenized):
         """{index: tokens it had before truncation} for the texts that were cut (for a text cut to a
-        prefix first, the prefix's tokens: a lower bound)."""
-        full = [i for i, row in enumerate(ids) if len(row) >= self.truncate_at]
-        if not full:
-            return {}
-        whole = self._encode_whole([texts[i] for i in full], is_pretokenized=is_tokenized)
-        lengths = [len(row.ids) for row in whole]
-        return {i: length for i, length in zip(full, lengths) if length > self.truncate_at}
+        prefix first, the prefix's tokens: a lower bound). A text whose ids came from Python says
+        so itself (word_pieces.Pieces); others are encoded again, whole."""
+        full = [i for i, row in enumerate(encoded) if len(row.ids) >= self.truncate_at]
+        lengths = {i: encoded[i].whole_length for i in full if isinstance(encoded[i], Pieces)}
+        again = [i for i in full if i not in lengths]
+        if again:
+            whole = self._encode_whole([texts[i] for i in again], is_pretokenized=is_tokenized)
+            lengths.update(zip(again, (len(row.ids) for row in whole)))
+        return {i: lengths[i] for i in full if lengths[i] > self.truncate_at}
 
     def _prompt_length(self, prompt):
         """The prompt's tokens as sentence-transformers counts them: a trailing special token excluded."""

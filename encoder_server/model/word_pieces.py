@@ -93,11 +93,13 @@ class Vocabulary:
 
 
 class Pieces:
-    """One text's encoding, as much of a tokenizers Encoding as the server reads."""
-    __slots__ = ("ids", "framed", "vocabulary")
+    """One text's encoding, as much of a tokenizers Encoding as the server reads, and how many
+    tokens it had before truncation (`whole_length`, special tokens included), which tokenizers
+    would have to encode the text again to tell."""
+    __slots__ = ("ids", "framed", "vocabulary", "whole_length")
 
-    def __init__(self, ids, framed, vocabulary):
-        self.ids, self.framed, self.vocabulary = ids, framed, vocabulary
+    def __init__(self, ids, framed, vocabulary, whole_length):
+        self.ids, self.framed, self.vocabulary, self.whole_length = ids, framed, vocabulary, whole_length
 
     def __len__(self):
         return len(self.ids)
@@ -141,8 +143,8 @@ class WordPieces:
     def encode(self, texts, add_special_tokens=True):
         head, tail = (self.head, self.tail) if add_special_tokens else ([], [])
         room = None if self.max_length is None else max(0, self.max_length - len(head) - len(tail))
-        framed, ids = (len(head), len(tail)), map(self.vocabulary.ids, texts)
-        return [Pieces(head + row[:room] + tail, framed, self.vocabulary) for row in ids]
+        framed, ids, frame = (len(head), len(tail)), map(self.vocabulary.ids, texts), len(head) + len(tail)
+        return [Pieces(head + row[:room] + tail, framed, self.vocabulary, frame + len(row)) for row in ids]
 
 
 def special_frame(tokenizer):

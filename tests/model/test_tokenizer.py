@@ -66,6 +66,13 @@ def test_a_text_within_reach_is_tokenized_whole_and_its_truncation_counted_exact
     assert encoding.truncated == {1: 42}  # 40 words, [CLS] and [SEP]
 
 
+def test_truncation_is_counted_alike_for_ids_from_python_and_from_tokenizers(tiny_model, reference):
+    plain, other = " ".join(["dog"] * 30) + " cat, sat", " ".join(["dög"] * 30)  # "ö": not plain, tokenizers'
+    for python_pieces in (True, False):
+        encoding = Tokenizer(tiny_model, LIMIT, python_pieces=python_pieces).tokenize(["a cat", plain, other])
+        assert encoding.truncated == {i: len(reference(text)["input_ids"]) for i, text in ((1, plain), (2, other))}
+
+
 @pytest.mark.parametrize("text, size, expected", [
     ("the cat sat", 9, "the cat"),        # never splits "sat"
     ("the cat sat", 7, "the cat"),        # a cut right at a space keeps the word before it

@@ -298,3 +298,13 @@ def test_start_stop_benchmark_reports_medians(tiny_model):
     figures = json.loads(result.stdout)
     assert set(figures) == {"ready_s", "stop_s", "cpu_s"} and all(value > 0 for value in figures.values())
     assert figures["ready_s"] < 60 and figures["cpu_s"] > 0.1  # the reaped server's CPU, children included
+
+
+def test_tokenizer_benchmark_times_each_tree_warm_and_cold_in_alternated_rounds(tmp_path):
+    from benchmark import tokenizer
+    this = str(ROOT)
+    medians, ratios = tokenizer.compare([this, this], rounds=2, batches=2)
+    assert list(medians) == [this] and ratios == {}  # one tree named twice is timed as one
+    for kind in tokenizer.KINDS:
+        figures = medians[this][kind]
+        assert set(figures) == {"warm_us", "cold_us"} and all(value > 0 for value in figures.values()), medians
