@@ -4,13 +4,14 @@ On such a text (printable ASCII, lowercased for an uncased model, tabs and line 
 spaces), BertPreTokenizer splits at whitespace and around each ASCII punctuation character, and
 WordPiece gives each piece its vocabulary id, or cuts it greedily into the longest known prefix and
 `##` continuations, or makes it [UNK] when a part is unknown or the piece is longer than
-max_input_chars_per_word. Most words between spaces are whole words of the vocabulary: one dict
-lookup; any other (a word with punctuation, or one cut into pieces) is cut once and kept, so that
-the next time it is one lookup too. tokenizers builds a full encoding per text (token strings,
-offsets, word indices): Tokenizer.tokenize takes 10 instead of 31 µs a short text on a 2-core AMD
-EPYC (20 µs when no word recurs), and the ids of 32 short texts of the benchmark's corpus (code and
-licences, most with punctuation) take 3.8 µs a text where cutting every text at its punctuation
-first took 9.4 (2.2x as fast for medium texts).
+max_input_chars_per_word. Most words between spaces are whole entries of the vocabulary: one dict
+lookup; any other (a word with punctuation, or one outside the vocabulary) is cut at its punctuation
+and into pieces once and kept, so that the next time it is one lookup too. tokenizers builds a full
+encoding per text (token strings, offsets, word indices): Tokenizer.tokenize took 10 instead of 31
+µs a short text on a 2-core AMD EPYC with each piece looked up in turn, and with words looked up
+whole (and a long text's tokens counted in the same pass) it is 1.9x as fast again on short texts of
+the benchmark's corpus, 1.8x on medium ones and 2.45x on long ones (`python -m benchmark.tokenizer
+BEFORE`, six alternated rounds, 2026-12-01).
 
 WordPieces.of(tokenizer, vocabulary) is None unless the tokenizer is exactly that (a WordPiece model behind a
 BertPreTokenizer, no padding) and a probe of texts gets its own ids, special tokens and truncation.
