@@ -63,8 +63,10 @@ class Vocabulary:
         return ids
 
     def _cut(self, word):
-        """The ids of a word between spaces that is no whole entry, kept for its next time (a tuple:
-        callers share it)."""
+        """The ids of a word between spaces that is no whole entry, kept for its next time when it is
+        no longer than a piece may be (a tuple: callers share it). Longer ones are rare, and a
+        client's could each be a long text: keeping them would bound the memory by their number
+        alone."""
         ids = []
         for piece in PIECES.findall(word):
             i = self.whole.get(piece)
@@ -72,9 +74,11 @@ class Vocabulary:
                 ids += self._split(piece)
             else:
                 ids.append(i)
-        if len(self.cut_words) >= WORDS_KEPT:
-            self.cut_words.popitem(last=False)
-        ids = self.cut_words[word] = tuple(ids)
+        ids = tuple(ids)
+        if len(word) <= self.max_chars:
+            if len(self.cut_words) >= WORDS_KEPT:
+                self.cut_words.popitem(last=False)
+            self.cut_words[word] = ids
         return ids
 
     def _split(self, piece):

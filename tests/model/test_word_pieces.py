@@ -92,9 +92,11 @@ def test_the_words_it_cuts_are_kept_within_bounds():
     vocabulary = Vocabulary.of(bare())
     words = [f"un{n}x" for n in range(WORDS_KEPT + 100)]
     for word in words:
-        assert vocabulary.ids(f"a {word}") == [12, 1]  # "un", then no continuation of "0x": [UNK]
+        assert vocabulary.ids(f"a {word}") == [12, 1]  # "a", then [UNK]: no continuation of "un" fits
     assert len(vocabulary.cut_words) == WORDS_KEPT
     assert words[-1] in vocabulary.cut_words and words[0] not in vocabulary.cut_words  # the oldest went first
+    long_word = "a." * 60  # longer than a piece may be (100 characters), its pieces not: cut each time, not kept
+    assert vocabulary.ids(long_word) == [12, 15] * 60 and long_word not in vocabulary.cut_words
 
 
 @pytest.mark.parametrize("seed", range(4))
