@@ -15,10 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .load import turn_orders
+
 HERE = Path(__file__).resolve().parent
 KINDS = ("short", "medium", "long")
 KEYS = ("warm_us", "cold_us")
-BATCH = 32
 
 # run in a child with the tree to time first on its path: µs per text, warm and cold, per kind
 _TIMING = """
@@ -66,8 +67,8 @@ def compare(trees, rounds=3, batches=64):
     first tree}}})."""
     trees = list(dict.fromkeys(trees))
     runs = {tree: [] for tree in trees}
-    for round_ in range(rounds):
-        for tree in trees if round_ % 2 == 0 else trees[::-1]:
+    for turn in turn_orders(trees, rounds):
+        for tree in turn:
             runs[tree].append(time_tree(tree, batches))
     medians = {tree: {kind: {key: statistics.median(run[kind][key] for run in results) for key in KEYS}
                       for kind in KINDS} for tree, results in runs.items()}
