@@ -20,6 +20,7 @@ from .load import turn_orders
 HERE = Path(__file__).resolve().parent
 KINDS = ("short", "medium", "long")
 KEYS = ("warm_us", "cold_us")
+BATCH = 32  # texts per batch, as in a job of a 32-text request
 
 # run in a child with the tree to time first on its path: µs per text, warm and cold, per kind
 _TIMING = """
@@ -29,12 +30,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 from benchmark import corpus
 from encoder_server.model.model_folder import default_model_path
 from encoder_server.model.tokenizer import Tokenizer
-path, batches = default_model_path(), int(sys.argv[2])
+path, batches, size, kinds = default_model_path(), int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 tokenizer = Tokenizer(path, 256)
 result = {}
-for kind in ("short", "medium", "long"):
-    texts = corpus.texts(kind, batches * 32)
-    runs = [texts[i * 32:(i + 1) * 32] for i in range(batches)]
+for kind in kinds:
+    texts = corpus.texts(kind, batches * size)
+    runs = [texts[i * size:(i + 1) * size] for i in range(batches)]
     for batch in runs:
         tokenizer.tokenize(batch)  # every word seen once
     warm = float("inf")
@@ -43,21 +44,21 @@ for kind in ("short", "medium", "long"):
         for batch in runs:
             tokenizer.tokenize(batch)
         warm = min(warm, time.perf_counter() - started)
-    cold = 0.0
-    for batch in runs[:max(1, batches // 8)]:
+    cold, fresh_runs = 0.0, runs[:max(1, batches // 8)]
+    for batch in fresh_runs:
         fresh = Tokenizer(path, 256)
         started = time.perf_counter()
         fresh.tokenize(batch)
         cold += time.perf_counter() - started
-    result[kind] = {"warm_us": 1e6 * warm / (batches * 32), "cold_us": 1e6 * cold / (max(1, batches // 8) * 32)}
+    result[kind] = {"warm_us": 1e6 * warm / (batches * size), "cold_us": 1e6 * cold / (len(fresh_runs) * size)}
 print(json.dumps(result))
 """
 
 
 def time_tree(tree, batches):
     """{kind: {warm_us, cold_us}} of the source tree at `tree`, timed in a process of its own."""
-    done = subprocess.run([sys.executable, "-c", _TIMING, str(tree), str(batches)], capture_output=True, text=True,
-                          cwd=tree, check=True)
+    done = subprocess.run([sys.executable, "-c", _TIMING, str(tree), str(batches), str(BATCH), json.dumps(KINDS)],
+                          capture_output=True, text=True, cwd=tree, check=True)
     return json.loads(done.stdout)
 
 
@@ -83,7 +84,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("before", nargs="*", help="other source trees to time beside this one")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--batches", type=int, default=64, help="batches of 32 texts per kind and round")
+    parser.add_argument("--batches", type=int, default=64, help=f"batches of {BATCH} texts per kind and round")
     args = parser.parse_args(argv)
     trees = [str(HERE.parent), *map(str, map(Path.resolve, map(Path, args.before)))]
     medians, ratios = compare(trees, args.rounds, args.batches)
