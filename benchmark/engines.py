@@ -86,7 +86,7 @@ class _Server:
                 self.__exit__()
                 last = f" (the last probe: {'; '.join(filter(None, seen))})" if any(seen) else ""
                 raise RuntimeError(f"{self.name} did not start{last}; see {self.log_path}")
-            time.sleep(0.5)
+            time.sleep(0.05)
         self.rss = RssSampler(self.process.pid)
         return self
 
@@ -128,7 +128,7 @@ class Service(_Server):
     def ready(self):
         from encoder_client import EncoderClient
         try:
-            with EncoderClient("127.0.0.1", self.port, self.port_out, timeout=2) as probe:
+            with EncoderClient("127.0.0.1", self.port, self.port_out, timeout=1) as probe:
                 status = probe.server_status
         except TimeoutError as error:
             self.last_probe = f"{error} (TCP: {tcp_reachability(self.port)} on {self.port}, " \

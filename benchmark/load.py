@@ -31,12 +31,14 @@ def sequential(engine, texts, batch, tokens_per_text):
         client.close()
 
 
-def closed_loop(engine, texts, clients, batch, seconds, tokens_per_text, warmup=1.0):
+def closed_loop(engine, texts, clients, batch, seconds, tokens_per_text, warmup=None):
     """`clients` users each sending `batch` texts, waiting for the reply, and sending again.
 
-    Requests that finish inside the measured window (after `warmup`) count; the window's length
-    divides the texts they carried, which is the steady-state rate once the pipeline is full.
+    Requests that finish inside the measured window (after `warmup` seconds: by default 1, or the
+    window's length where that is shorter) count; the window's length divides the texts they
+    carried, which is the steady-state rate once the pipeline is full.
     """
+    warmup = min(1.0, seconds) if warmup is None else warmup
     window = {}
     done, latencies, errors = [0], [], []
     lock = threading.Lock()

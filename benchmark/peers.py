@@ -42,7 +42,7 @@ def measure(engine, request):
         return load.sequential(engine, texts, request["batch"], request["tokens"])
     texts = corpus.texts(request["kind"], 2048)
     return load.closed_loop(engine, texts, request["clients"], request["batch"], request["seconds"],
-                            request["tokens"], warmup=request.get("warmup", 1.0))
+                            request["tokens"])
 
 
 def cells(texts=1024, clients=8, batch=16, seconds=5.0, single=300):

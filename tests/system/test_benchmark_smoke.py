@@ -55,7 +55,7 @@ def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path, monkeypatch):
     sentence-transformers on the one-client loads; and the flags of the servers it would start on cuda."""
     out = tmp_path / "sweep.json"
     result = subprocess.run([sys.executable, "-m", "benchmark.gpu_sweep", str(tiny_model), "--workers", "2",
-                             "--wide-rows", "128", "--seconds", "1", "--texts", "300", "100", "--out", str(out),
+                             "--wide-rows", "128", "--seconds", "0.5", "--texts", "300", "100", "--out", str(out),
                              "--log-dir", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "DEVICE": "cpu"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -278,7 +278,7 @@ def test_client_cost_times_the_client_and_a_raw_loop_in_turns():
 def test_a_service_that_does_not_start_is_reported_with_what_its_last_probe_saw(tmp_path):
     from benchmark.engines import Service
     with pytest.raises(RuntimeError, match=r"did not start \(the last probe: no answer from an encoder-server at "
-                                           r"tcp://127\.0\.0\.1:\d+ within 2s.* \(TCP: Connection refused on \d+, "
+                                           r"tcp://127\.0\.0\.1:\d+ within 1s.* \(TCP: Connection refused on \d+, "
                                            r"Connection refused on \d+\)\); see .*bench-\d+\.log"):
         with Service("no such model", model=tmp_path / "missing", log_dir=tmp_path):
             pass
