@@ -147,9 +147,10 @@ class WordPieces:
 
     def encode(self, texts, add_special_tokens=True):
         head, tail = (self.head, self.tail) if add_special_tokens else ([], [])
-        room = None if self.max_length is None else max(0, self.max_length - len(head) - len(tail))
-        framed, ids, frame = (len(head), len(tail)), map(self.vocabulary.ids, texts), len(head) + len(tail)
-        return [Pieces(head + row[:room] + tail, framed, self.vocabulary, frame + len(row)) for row in ids]
+        framed, ids = (len(head), len(tail)), map(self.vocabulary.ids, texts)
+        special = sum(framed)
+        room = None if self.max_length is None else max(0, self.max_length - special)
+        return [Pieces(head + row[:room] + tail, framed, self.vocabulary, special + len(row)) for row in ids]
 
 
 def special_frame(tokenizer):
