@@ -12,7 +12,7 @@ from zmq.utils.monitor import parse_monitor_message
 from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
 from .keys import as_identity, curve_keys
 from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, EncodeResult, ReplyReader, decode_reply, encode_request,
-                       refusal_topic, topic)
+                       refusal_topic, reply_req_id, topic)
 from .rerank import check_rerank, ranked
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
@@ -45,6 +45,7 @@ class AsyncEncoderClient:
         self._connected = False
         self._refusal = None    # the server's refusal of our identity, while connecting
         self._waiting = {}      # req_id -> future of its Reply
+        self._chunk_at = {}     # req_id of a request waiting -> when the last chunk of its streamed result came
         self._replies = ReplyReader()
         self._listeners = set()
         self._tasks = []
@@ -176,6 +177,7 @@ class AsyncEncoderClient:
             raise TimeoutError(f"no reply from the encoder-server at {self.address} within {timeout}s") from None
         finally:
             self._waiting.pop(req_id, None)  # a late reply is then discarded
+            self._chunk_at.pop(req_id, None)
         if reply.error is not None:
             raise reply_error(reply)
         return reply
@@ -189,8 +191,11 @@ class AsyncEncoderClient:
             if frames[0] != self._topic:
                 continue  # a refusal of another subscriber of our identity: not ours
             reply = self._replies.read(frames)
-            if reply is None:
-                continue  # more of a streamed result is to come
+            if reply is None:  # more of a streamed result is to come
+                req_id = reply_req_id(frames)
+                if req_id in self._waiting:
+                    self._chunk_at[req_id] = asyncio.get_running_loop().time()
+                continue
             future = self._waiting.get(reply.req_id)
             if future is not None and not future.done():
                 future.set_result(reply)
@@ -210,10 +215,27 @@ class AsyncEncoderClient:
             else:
                 error = ConnectionLostError(f"the connection to the encoder-server at {self.address} broke "
                                             "with requests in flight; their replies may never come")
-            waiting = list(self._waiting.values())
+            waiting = dict(self._waiting)
             if not event & AUTH_FAILED:
-                await asyncio.sleep(LOST_GRACE_S)  # replies already on their way still arrive
-            self._fail_waiting(error, waiting)
+                waiting = await self._stopped_arriving(waiting)
+            self._fail_waiting(error, waiting.values())
+
+    async def _stopped_arriving(self, waiting):
+        """Those of the requests `waiting` ({req_id: future}) whose replies did not come: replies
+        already on their way still arrive, each within LOST_GRACE_S, or LOST_GRACE_S after the
+        last chunk of its streamed result."""
+        loop = asyncio.get_running_loop()
+        stopped = {}
+        while waiting:
+            await asyncio.sleep(LOST_GRACE_S)
+            now = loop.time()
+            for req_id, future in list(waiting.items()):
+                last_chunk = self._chunk_at.get(req_id)
+                if future.done():
+                    del waiting[req_id]
+                elif last_chunk is None or now - last_chunk >= LOST_GRACE_S:
+                    stopped[req_id] = waiting.pop(req_id)
+        return stopped
 
     def _fail_waiting(self, error, waiting=None):
         for future in self._waiting.values() if waiting is None else waiting:

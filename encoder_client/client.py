@@ -13,7 +13,7 @@ from .errors import ConnectionLostError, ServerBusyError, identity_refused, repl
 from .keys import as_identity, curve_keys
 from .progress import PROGRESS_CHUNK, chunks, progress_bar
 from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, EncodeResult, ReplyReader, decode_reply, encode_request,
-                       refusal_topic, topic)
+                       refusal_topic, reply_req_id, topic)
 from .rerank import check_rerank, ranked
 from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
                       retry_pause)
@@ -344,8 +344,16 @@ class EncoderClient:
             if frames[0] != self._topic:
                 continue  # a refusal of another subscriber of our identity: not ours
             reply = self._replies.read(frames)
-            if reply is not None and (listening or reply.req_id in self._pending):
+            if reply is None:
+                self._arriving(reply_req_id(frames))
+            elif listening or reply.req_id in self._pending:
                 return reply
+
+    def _arriving(self, req_id):
+        """A chunk of `req_id`'s result came: after a break, its reply is still on its way, and the
+        request counts as lost only LOST_GRACE_S after its last chunk."""
+        if req_id in self._lost:
+            self._lost[req_id] = time.monotonic() + LOST_GRACE_S
 
     def _deadline(self):
         return None if self.timeout is None else time.monotonic() + self.timeout

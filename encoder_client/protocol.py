@@ -221,8 +221,13 @@ def decode_reply(frames):
     return _reply(from_json(frames[1]), frames)
 
 
+def reply_req_id(frames):
+    """The request that a published message (a reply, or a chunk of one) answers."""
+    return int(frames[-1])
+
+
 def _reply(header, frames):
-    req_id = int(frames[-1])
+    req_id = reply_req_id(frames)
     if len(frames) == 3:
         return Reply(req_id, data=header)
     if "error" in header:
@@ -251,7 +256,7 @@ class ReplyReader:
         header = from_json(frames[1])
         if len(frames) != 4 or "offset" not in header:
             return _reply(header, frames)
-        req_id = int(frames[-1])
+        req_id = reply_req_id(frames)
         partial = self._partial.get(req_id)
         if partial is None:
             partial = self._partial[req_id] = _Partial(header)
