@@ -66,41 +66,30 @@ def stopping_server(request):
     server.close()
 
 
-def test_a_result_still_arriving_is_taken_whole(stopping_server):
-    with EncoderClient("127.0.0.1", stopping_server.port, stopping_server.port_out, timeout=30) as client:
-        started = time.monotonic()
-        rows = client.encode(TEXTS)
+def sync_encode(server):
+    with EncoderClient("127.0.0.1", server.port, server.port_out, timeout=30) as client:
+        return client.encode(TEXTS)
+
+
+def async_encode(server):
+    async def encode():
+        async with AsyncEncoderClient("127.0.0.1", server.port, server.port_out, timeout=30) as client:
+            return await client.encode(TEXTS)
+    return asyncio.run(encode())
+
+
+@pytest.mark.parametrize("encode", [sync_encode, async_encode])
+def test_a_result_still_arriving_is_taken_whole(stopping_server, encode):
+    started = time.monotonic()
+    rows = encode(stopping_server)
     assert time.monotonic() - started > LOST_GRACE_S  # the grace alone would have given it up
     np.testing.assert_array_equal(rows, stopping_server.rows)
 
 
 @pytest.mark.parametrize("stopping_server", [2], indirect=True)
-def test_a_result_that_stops_coming_fails_soon_after(stopping_server):
-    with EncoderClient("127.0.0.1", stopping_server.port, stopping_server.port_out, timeout=30) as client:
-        started = time.monotonic()
-        with pytest.raises(ConnectionLostError, match="broke while request"):
-            client.encode(TEXTS)
-    assert time.monotonic() - started < 2 * GAP_S + 2 * LOST_GRACE_S + 1
-
-
-def test_the_async_client_takes_a_result_still_arriving_whole(stopping_server):
-    async def encode():
-        async with AsyncEncoderClient("127.0.0.1", stopping_server.port, stopping_server.port_out,
-                                      timeout=30) as client:
-            return await client.encode(TEXTS)
-    started = time.monotonic()
-    rows = asyncio.run(encode())
-    assert time.monotonic() - started > LOST_GRACE_S
-    np.testing.assert_array_equal(rows, stopping_server.rows)
-
-
-@pytest.mark.parametrize("stopping_server", [2], indirect=True)
-def test_the_async_client_fails_a_result_that_stops_coming_soon_after(stopping_server):
-    async def encode():
-        async with AsyncEncoderClient("127.0.0.1", stopping_server.port, stopping_server.port_out,
-                                      timeout=30) as client:
-            return await client.encode(TEXTS)
+@pytest.mark.parametrize("encode", [sync_encode, async_encode])
+def test_a_result_that_stops_coming_fails_soon_after(stopping_server, encode):
     started = time.monotonic()
     with pytest.raises(ConnectionLostError, match="broke"):
-        asyncio.run(encode())
+        encode(stopping_server)
     assert time.monotonic() - started < 2 * GAP_S + 2 * LOST_GRACE_S + 1
