@@ -23,11 +23,11 @@ class _TimeUp(Exception):
 
 
 def fuzz(strategy, send, seconds=FUZZ_SECONDS, at_least=FUZZ_EXAMPLES):
-    """Hand `send` examples of `strategy` for `seconds`, and on until it has taken `at_least`; how
-    many it took. Hypothesis stops at a number of examples, not at a time, and drawing examples past
-    the time, never sent, cost the runner more than the sending did; so the deadline raises, and
-    hypothesis only generates (a shrink phase would shrink that exception too), reporting a failure
-    of `send` as it was found."""
+    """Hand `send` examples of `strategy` for `seconds`, and on until it has taken `at_least`.
+    Hypothesis stops at a number of examples, not at a time, and drawing examples past the time,
+    never sent, cost the runner more than the sending did; so the deadline raises, and hypothesis
+    only generates (a shrink phase would shrink that exception too), reporting a failure of `send`
+    as it was found."""
     stop_at, sent = time.monotonic() + seconds, 0
 
     @settings(max_examples=10 ** 9, deadline=None, database=None, phases=[Phase.generate],
@@ -42,7 +42,6 @@ def fuzz(strategy, send, seconds=FUZZ_SECONDS, at_least=FUZZ_EXAMPLES):
 
     with pytest.raises(_TimeUp):
         run()
-    return sent
 
 
 def loopback(context, kind, port, options=None):
