@@ -13,7 +13,11 @@ from ..model.outputs import PRECISIONS, Output
 from ..model.spec import LONG_TEXTS
 
 MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # a week: past it, a client means "no limit" (send none)
-MAX_QUERY_CHARS_PER_TOKEN = 8  # a rerank query longer than this many characters per token of a pair is refused
+# a client's rerank query or prompt longer than this many characters per token of max_seq_len is refused:
+# every job carries it, and every text is tokenized with it, so a huge one would be copied once per
+# job and once per text (a 20 MB prompt on 256 one-letter texts once took a worker 1.4 GB), and it
+# would never leave a text room anyway
+MAX_PREFIX_CHARS_PER_TOKEN = 8
 
 
 @dataclass(frozen=True)
@@ -132,13 +136,11 @@ def model_choices(request, settings, handling=None):
     if settings.kind == "rerank":
         if options.get("prompt") or options.get("prompt_name") or options.get("normalize"):
             raise ProtocolError("a rerank request takes no prompt or normalize", request.identity, request.req_id)
-        if len(options["query"]) > MAX_QUERY_CHARS_PER_TOKEN * settings.truncate_at:
-            # every job carries the query: a huge one would be copied once per job, and never fits a pair
-            raise ProtocolError(f"the query has {len(options['query'])} characters, far more than a pair of "
-                                f"{settings.truncate_at} tokens (max_seq_len) holds: shorten the query",
-                                request.identity, request.req_id, TOO_LARGE)
+        _check_prefix("query", options["query"], request, settings, "a pair of ")
         return {"query": options["query"], "raw_scores": options.get("raw_scores", False), "truncate": truncate}
     prompt = options.get("prompt")
+    if prompt is not None:
+        _check_prefix("prompt", prompt, request, settings)
     if prompt is None and options.get("prompt_name") is not None:
         prompt = settings.prompts.get(options["prompt_name"])
         if prompt is None:
@@ -153,6 +155,14 @@ def model_choices(request, settings, handling=None):
     choices = {"prompt": prompt or "", "normalize": options.get("normalize", settings.normalize), "truncate": truncate}
     top_k = _top_k(request, settings)
     return {**choices, "top_k": top_k} if settings.kind == "sparse" else choices
+
+
+def _check_prefix(name, text, request, settings, holder=""):
+    """Refuse a client's query or prompt (`name`) far longer than max_seq_len tokens hold."""
+    if len(text) > MAX_PREFIX_CHARS_PER_TOKEN * settings.truncate_at:
+        raise ProtocolError(f"the {name} has {len(text)} characters, far more than {holder}{settings.truncate_at} "
+                            f"tokens (max_seq_len) hold: shorten the {name}", request.identity, request.req_id,
+                            TOO_LARGE)
 
 
 def _top_k(request, settings):

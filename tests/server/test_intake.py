@@ -49,3 +49,13 @@ def test_a_query_far_too_long_for_any_pair_is_refused_before_it_is_copied_into_e
         model_choices(request(query="q" * 1025), SERVED[1])
     assert error.value.code == TOO_LARGE
     assert model_choices(request(query="q" * 1024), SERVED[1])["query"] == "q" * 1024
+
+
+def test_a_prompt_far_too_long_for_any_text_is_refused_before_it_is_copied_onto_every_text():
+    embedder = SimpleNamespace(name="e5", kind="embed", truncate_at=128, long_texts="truncate", normalize=True,
+                               prompts={"query": "q" * 5000}, default_prompt_name=None)
+    with pytest.raises(ProtocolError, match="the prompt has 1025 characters.*128 tokens.*shorten the prompt") as error:
+        model_choices(request(prompt="p" * 1025), embedder)
+    assert error.value.code == TOO_LARGE
+    assert model_choices(request(prompt="p" * 1024), embedder)["prompt"] == "p" * 1024
+    assert model_choices(request(prompt_name="query"), embedder)["prompt"] == "q" * 5000  # the model's own: trusted

@@ -57,6 +57,26 @@ def test_a_10_mb_text_is_cut_before_the_tokenizer_and_keeps_the_worker_flat(serv
     assert after - before < 100, f"the worker's peak RSS grew by {after - before:.0f} MB"
 
 
+def test_a_huge_prompt_is_refused_at_intake_and_never_reaches_a_worker(server, keyed_gateway):
+    """A prompt is put before every text of its request and travels in every job: a 20 MB one on
+    256 one-letter texts once took a worker to 1.4 GB. One longer than 8 characters per token of
+    max_seq_len (which it could never leave room in) is refused; one at that bound is served."""
+    with server.client() as client:
+        limit = 8 * client.server_config["truncate_at"]
+        (worker,) = server.worker_pids()
+        before = peak_rss_mb(worker)
+        with pytest.raises(ServerError, match=f"the prompt has {10_000_000} characters.*shorten the prompt") as error:
+            client.encode(["a"] * 256, prompt="word " * 2_000_000)
+        assert error.value.code == "too_large"
+        assert client.encode(["a", "b"], prompt="p" * limit).shape == (2, 32)
+        assert peak_rss_mb(worker) - before < 100
+        assert client.server_status["worker_restarts"] == 0
+    model = keyed_gateway.get("/v1/models", **authorized()).json()["data"][0]["id"]
+    body = {"model": model, "input": ["a"] * 16, "prompt": "word " * 200_000}
+    openai = keyed_gateway.post("/v1/embeddings", body, **authorized())
+    assert openai.status_code == 413 and "shorten the prompt" in openai.json()["error"]["message"], openai.text
+
+
 def test_one_hostile_request_never_ends_the_ventilator(server):
     """Each of these once raised an exception in the ventilator's loop, and the server exited 1."""
     push, sub = raw_sockets(server, b"hostile")
