@@ -145,7 +145,7 @@ def model_choices(request, settings, handling=None):
         prompt = settings.prompts.get(options["prompt_name"])
         if prompt is None:
             known = ", ".join(settings.prompts) or "none"
-            raise ProtocolError(f"prompt_name {options['prompt_name']!r} is not one of the model's prompts "
+            raise ProtocolError(f"prompt_name {options['prompt_name'][:100]!r} is not one of the model's prompts "
                                 f"(it has: {known})", request.identity, request.req_id)
     if prompt and request.is_tokenized:
         raise ProtocolError("a prompt applies to texts, not to word lists (is_tokenized)", request.identity,

@@ -13,6 +13,11 @@ SERVED = (SimpleNamespace(model_name=("minilm", "text-embedding-ada-002"), name=
           SimpleNamespace(model_name=("e5",), name="e5", kind="embed"))
 
 
+# an embedding model whose own prompt is far longer than a client's may be
+EMBEDDER = SimpleNamespace(name="e5", kind="embed", truncate_at=128, long_texts="truncate", normalize=True,
+                           prompts={"query": "q" * 5000}, default_prompt_name=None)
+
+
 def request(**options):
     return EncodeRequest(b"id", 7, ["a text"], False, False, options=options)
 
@@ -52,10 +57,17 @@ def test_a_query_far_too_long_for_any_pair_is_refused_before_it_is_copied_into_e
 
 
 def test_a_prompt_far_too_long_for_any_text_is_refused_before_it_is_copied_onto_every_text():
-    embedder = SimpleNamespace(name="e5", kind="embed", truncate_at=128, long_texts="truncate", normalize=True,
-                               prompts={"query": "q" * 5000}, default_prompt_name=None)
     with pytest.raises(ProtocolError, match="the prompt has 1025 characters.*128 tokens.*shorten the prompt") as error:
-        model_choices(request(prompt="p" * 1025), embedder)
+        model_choices(request(prompt="p" * 1025), EMBEDDER)
     assert error.value.code == TOO_LARGE
-    assert model_choices(request(prompt="p" * 1024), embedder)["prompt"] == "p" * 1024
-    assert model_choices(request(prompt_name="query"), embedder)["prompt"] == "q" * 5000  # the model's own: trusted
+    assert model_choices(request(prompt="p" * 1024), EMBEDDER)["prompt"] == "p" * 1024
+    assert model_choices(request(prompt_name="query"), EMBEDDER)["prompt"] == "q" * 5000  # the model's own: trusted
+
+
+def test_an_unknown_prompt_name_is_named_in_the_error_but_cut_as_a_model_name_is():
+    """The error goes back to the client and into the ventilator's log: a client's 10 MB name must not."""
+    with pytest.raises(ProtocolError, match=r"prompt_name 'nope' is not one of the model's prompts \(it has: query\)"):
+        model_choices(request(prompt_name="nope"), EMBEDDER)
+    with pytest.raises(ProtocolError) as error:
+        model_choices(request(prompt_name="x" * 10_000_000), EMBEDDER)
+    assert len(str(error.value)) < 300
