@@ -16,7 +16,7 @@ import time
 
 import zmq
 
-from encoder_client.protocol import BUSY, RESTARTED, encode_error, encode_refusal, result_messages
+from encoder_client.protocol import BUSY, CHUNK_BYTES, RESTARTED, encode_error, encode_refusal, result_messages
 from encoder_client.sparse import SparseVectors
 
 from ..processes import start_child
@@ -53,6 +53,8 @@ class Sink:
         self.subscriptions = Subscriptions()
         unread_bytes = settings.max_unread_mb << 20
         self.backlog = Backlog(per_identity=unread_bytes, total=unread_bytes)
+        # a reader a few chunks behind must never be past its budget for their size alone
+        self.chunk_bytes = min(CHUNK_BYTES, unread_bytes // 8)
         self.owners = Owners()  # under CURVE, the client key each identity belongs to
         self.quiet = QuietLog(self.log)  # what peers cause: a flood must not flood the log
         self.flush_until = None  # once asked to stop: until when it still offers held replies
@@ -240,7 +242,7 @@ class Sink:
         if completed is not None:
             for frames in result_messages(completed.identity, completed.req_id, completed.array, completed.tokens,
                                           completed.num_tokens, completed.truncated, completed.streamed,
-                                          completed.windows):
+                                          completed.windows, self.chunk_bytes):
                 if not self.deliver(completed.identity, frames):
                     return  # its other chunks would be of no use
 

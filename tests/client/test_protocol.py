@@ -494,16 +494,21 @@ def test_parse_encode_reads_the_timeout_and_limits_the_size():
 def test_a_large_result_is_streamed_in_chunks_that_a_reader_puts_back_together():
     from encoder_client.protocol import CHUNK_BYTES, ReplyReader, result_messages
     rng = np.random.default_rng(0)
-    big = rng.standard_normal((300, 64, 8)).astype(np.float32)  # 600 KB: 5 chunks
+    big = rng.standard_normal((300, 64, 8)).astype(np.float32)  # 600 KB: 5 chunks of 128 KB
     tokens = [["[CLS]", "a", "[SEP]"]] * 300
-    messages = list(result_messages(b"c", 7, big, tokens, num_tokens=900, truncated=2, streamed=True))
-    assert len(messages) == -(-big.nbytes // CHUNK_BYTES) and all(len(m[2]) <= CHUNK_BYTES for m in messages)
+    chunk = 128 << 10
+    messages = list(result_messages(b"c", 7, big, tokens, num_tokens=900, truncated=2, streamed=True,
+                                    chunk_bytes=chunk))
+    assert len(messages) == 5 and all(len(m[2]) <= chunk for m in messages)
+    assert len(list(result_messages(b"c", 7, big, streamed=True))) == 1  # within CHUNK_BYTES: one message
+    batch = np.zeros((256, 1024), np.float32)  # a batch of 256 rows of the widest common models: one message
+    assert batch.nbytes <= CHUNK_BYTES and len(list(result_messages(b"c", 7, batch, streamed=True))) == 1
     assert all(json.loads(m[1])["tokens"] == "" for m in messages[1:])  # the tokens travel once
     small = rng.standard_normal((4, 8)).astype(np.float32)
     assert len(list(result_messages(b"c", 8, small, streamed=True))) == 1
     assert len(list(result_messages(b"c", 9, big, streamed=False))) == 1  # protocol 1 clients: bert-serving-client
     reader = ReplyReader()
-    other = list(result_messages(b"c", 10, big[::-1].copy(), streamed=True))
+    other = list(result_messages(b"c", 10, big[::-1].copy(), streamed=True, chunk_bytes=chunk))
     order = [messages[3], other[0], messages[0], messages[4], messages[1], other[1], messages[1], messages[2]]
     replies = [reader.read(wire(frames)) for frames in order]
     assert replies[:-1] == [None] * 7

@@ -7,24 +7,33 @@ import pytest
 import zmq
 
 from conftest import free_port, short_tmpdir
+from encoder_client.protocol import CHUNK_BYTES
 from encoder_server.server import messages
 from encoder_server.server.sink import Sink
 from encoder_server.server.sockets import Addresses, waiting
 from encoder_server.settings import resolve
 
 
+def open_sink(model, tmp_path, **settings):
+    """(a Sink on fresh addresses, the PULL that takes its feedback as the ventilator's does, the addresses)."""
+    addresses = Addresses("127.0.0.1", free_port(), free_port(), str(short_tmpdir(tmp_path)))
+    feedback = zmq.Context.instance().socket(zmq.PULL)
+    feedback.bind(addresses.feedback)
+    return Sink(resolve(model=[str(model)], **settings), addresses, logging.getLogger("test-sink")), feedback, addresses
+
+
+def close(sink, *others):
+    for sock in (*others, sink.collect, sink.control, sink.publish, sink.feedback):
+        sock.close(linger=0)
+
+
 @pytest.fixture
 def sink(tiny_model, tmp_path):
-    context = zmq.Context.instance()
-    addresses = Addresses("127.0.0.1", free_port(), free_port(), str(short_tmpdir(tmp_path)))
-    feedback = context.socket(zmq.PULL)
-    feedback.bind(addresses.feedback)
-    sink = Sink(resolve(model=[str(tiny_model)]), addresses, logging.getLogger("test-sink"))
-    worker = context.socket(zmq.PUSH)
+    sink, feedback, addresses = open_sink(tiny_model, tmp_path)
+    worker = zmq.Context.instance().socket(zmq.PUSH)
     worker.connect(addresses.sink)
     yield sink, worker, feedback
-    for sock in (worker, feedback, sink.collect, sink.control, sink.publish, sink.feedback):
-        sock.close(linger=0)
+    close(sink, worker, feedback)
 
 
 def parts(job_id, width=32):
@@ -55,3 +64,14 @@ def test_a_bad_message_among_them_is_reported_alone_and_the_others_done(sink):
     sink.on_parts(waiting(sink.collect, copy=False))
     received = [messages.decode(feedback.recv_multipart()) for _ in range(2) if feedback.poll(5000)]
     assert received == [messages.BadPart(8, False), messages.Done((7,))]
+
+
+@pytest.mark.parametrize("budget, chunk", [({}, CHUNK_BYTES), ({"max_result_mb": 1, "max_unread_mb": 2}, 256 << 10)],
+                         ids=["default", "small-budget"])
+def test_results_are_streamed_in_chunks_of_at_most_an_eighth_of_a_readers_budget(tiny_model, tmp_path, budget, chunk):
+    """A reader a few chunks behind must never be past its --max-unread-mb for their size alone."""
+    sink, feedback, _ = open_sink(tiny_model, tmp_path, **budget)
+    try:
+        assert sink.chunk_bytes == chunk
+    finally:
+        close(sink, feedback)

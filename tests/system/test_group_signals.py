@@ -83,7 +83,7 @@ def test_encoder_server_stop_stops_a_server(tiny_model, tmp_path):
 
 
 def test_a_stopping_sink_hands_a_slow_reader_the_rest_of_its_streamed_result(tiny_model, tmp_path):
-    """A result of 16 MB streamed in 128 KB chunks, far more than the kernel's socket buffers hold,
+    """A result of 16 MB streamed in 1 MB chunks, far more than the kernel's socket buffers hold,
     whose reader is slow when the server is told to stop: the ventilator has nothing in flight and
     stops at once, and the sink keeps offering the chunks it holds to their reader before it exits."""
     import json
@@ -116,4 +116,4 @@ def test_a_stopping_sink_hands_a_slow_reader_the_rest_of_its_streamed_result(tin
         for sock in (reader, sender):
             sock.close(linger=0)
         assert server.process.wait(30) == 0
-    assert size > 100 * CHUNK_BYTES and received == size
+    assert size > 10 * CHUNK_BYTES and received == size

@@ -93,7 +93,7 @@ LONG_TEXTS = [f"text number {i} " + "word " * 70 for i in range(1900)]  # 15 MB 
 def test_a_large_result_is_streamed_and_put_back_together_by_both_clients(token_level):
     with token_level.client() as client:
         pieces = np.concatenate([client.encode(LONG_TEXTS[start:start + 10]) for start in range(0, 1000, 10)])
-        whole = client.encode(LONG_TEXTS[:1000])  # 8 MB: 64 chunks
+        whole = client.encode(LONG_TEXTS[:1000])  # 8 MB: 8 chunks
     assert whole.shape == (1000, 64, 32)
     np.testing.assert_array_equal(whole, pieces)
 
@@ -134,7 +134,7 @@ def test_an_old_protocol_client_that_never_reads_costs_the_sink_a_bounded_size(t
 
 
 def test_a_reader_that_never_reads_under_protocol_2_costs_the_sink_a_bounded_size(token_level):
-    """The same with our clients' options: results come in chunks of 128 KB, and every chunk
+    """The same with our clients' options: results come in chunks of 1 MB, and every chunk
     counts against the same budget."""
     identity = b"never-reads"
     sink = sink_pid(token_level)

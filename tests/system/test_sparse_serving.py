@@ -6,6 +6,7 @@ import pytest
 
 from conftest import random_texts
 from encoder_client import AsyncEncoderClient, ServerError, SparseVectors
+from encoder_client.protocol import CHUNK_BYTES
 
 TEXTS = random_texts(40, seed=61) + ["Ünïcödé ✓ and the cat", " ".join(random_texts(20, seed=62))]
 
@@ -128,7 +129,7 @@ def test_a_dense_model_is_refused_on_embed_sparse_and_the_sparse_one_on_v1(spars
 
 
 def test_a_large_sparse_result_comes_in_chunks_and_whole(client, reference):
-    texts = random_texts(1500, seed=63)  # about 60 entries a row: 0.7 MB, streamed in 128 KB chunks
+    texts = random_texts(3000, seed=63)  # about 60 entries a row: 1.4 MB, streamed in chunks
     vectors = client.encode(texts)
-    assert len(vectors.to_bytes()) > 4 * (128 << 10)
+    assert len(vectors.to_bytes()) > CHUNK_BYTES
     assert_same_sparse(vectors, st_rows(reference, texts))
