@@ -18,9 +18,9 @@ from encoder_client.protocol import decode_request, encode_data, result_messages
 from encoder_client.sockets import LOST_GRACE_S
 
 CHUNKS = 6
-CHUNK_BYTES = 128 << 10  # the server may send chunks of any size up to protocol.CHUNK_BYTES
+CHUNK = 128 << 10  # the chunk size this script sends (a server may send any up to protocol.CHUNK_BYTES)
 GAP_S = LOST_GRACE_S * 0.3  # between two chunks: the whole result takes longer than the grace
-ROWS = CHUNKS * CHUNK_BYTES // (32 * 4)  # float32 rows of 32 values, CHUNKS chunks in all
+ROWS = CHUNKS * CHUNK // (32 * 4)  # float32 rows of 32 values, CHUNKS chunks in all
 TEXTS = ["a text"] * ROWS
 
 
@@ -35,7 +35,7 @@ class StoppingServer:
         self.port = self.requests.bind_to_random_port("tcp://127.0.0.1")
         self.port_out = self.results.bind_to_random_port("tcp://127.0.0.1")
         self.rows = np.random.default_rng(0).standard_normal((ROWS, 32)).astype(np.float32)
-        assert len(list(result_messages(b"probe", 1, self.rows, streamed=True, chunk_bytes=CHUNK_BYTES))) == CHUNKS
+        assert len(list(result_messages(b"probe", 1, self.rows, streamed=True, chunk_bytes=CHUNK))) == CHUNKS
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
 
@@ -50,7 +50,7 @@ class StoppingServer:
                 continue
             self.requests.close(linger=0)  # the ventilator has gone: the client's request connection breaks
             messages = result_messages(request.identity, request.req_id, self.rows, streamed=True,
-                                       chunk_bytes=CHUNK_BYTES)
+                                       chunk_bytes=CHUNK)
             for frames in list(messages)[:self.chunks]:
                 time.sleep(GAP_S)
                 self.results.send_multipart(frames)

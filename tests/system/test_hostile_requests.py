@@ -65,7 +65,7 @@ def test_a_huge_prompt_is_refused_at_intake_and_never_reaches_a_worker(server, k
         limit = 8 * client.server_config["truncate_at"]
         (worker,) = server.worker_pids()
         before = peak_rss_mb(worker)
-        with pytest.raises(ServerError, match=f"the prompt has {10_000_000} characters.*shorten the prompt") as error:
+        with pytest.raises(ServerError, match="the prompt has 10000000 characters.*shorten the prompt") as error:
             client.encode(["a"] * 256, prompt="word " * 2_000_000)
         assert error.value.code == "too_large"
         assert client.encode(["a", "b"], prompt="p" * limit).shape == (2, 32)
