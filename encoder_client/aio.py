@@ -9,7 +9,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
+from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error, with_array
 from .keys import as_identity, curve_keys
 from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, EncodeResult, ReplyReader, decode_reply, encode_request,
                        refusal_topic, reply_req_id, topic)
@@ -89,7 +89,7 @@ class AsyncEncoderClient:
         for attempt in range(retries + 1):
             try:
                 reply = await self._request(*request)
-                return EncodeResult.of(reply)
+                return EncodeResult.of(with_array(reply))
             except (TimeoutError, ConnectionLostError, ServerBusyError):
                 if attempt == retries:
                     raise

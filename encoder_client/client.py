@@ -9,7 +9,7 @@ from collections import deque
 import numpy as np
 import zmq
 
-from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error
+from .errors import ConnectionLostError, ServerBusyError, identity_refused, reply_error, with_array
 from .keys import as_identity, curve_keys
 from .progress import PROGRESS_CHUNK, chunks, progress_bar
 from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, EncodeResult, ReplyReader, decode_reply, encode_request,
@@ -112,7 +112,7 @@ class EncoderClient:
         """Embed `texts`; an EncodeResult: the array, and what the server says of it (tokens computed,
         texts truncated, windows per text). `model_options` as `encode` takes them."""
         reply, _ = self._call(texts, model_options, retries, is_tokenized, show_tokens)
-        return EncodeResult.of(reply)
+        return EncodeResult.of(with_array(reply))
 
     def rerank(self, query, documents, *, top_n=None, return_documents=False, model=None, raw_scores=False,
                truncate=None, retries=0):
@@ -126,7 +126,7 @@ class EncoderClient:
         check_rerank(query, documents, top_n)
         options = dict(query=query, model=model, raw_scores=raw_scores or None, truncate=truncate)
         reply, _ = self._call(documents, options, retries)
-        return ranked(reply.array[:, 0], top_n, documents if return_documents else None)
+        return ranked(with_array(reply).array[:, 0], top_n, documents if return_documents else None)
 
     def _call(self, texts, options, retries, is_tokenized=False, show_tokens=False):
         """Send one request and wait for its reply, (Reply, show_tokens); sent again on a timeout, a
@@ -359,7 +359,7 @@ class EncoderClient:
         return None if self.timeout is None else time.monotonic() + self.timeout
 
     def _result(self, reply, show_tokens):
-        value = self._format(reply.array)
+        value = self._format(with_array(reply).array)
         return (value, reply.tokens) if show_tokens else value
 
     def _format(self, array):

@@ -1,4 +1,4 @@
-from .protocol import BUSY, RESTARTED
+from .protocol import BUSY, RESTARTED, UNREADABLE
 
 
 class ServerError(RuntimeError):
@@ -39,3 +39,11 @@ def reply_error(reply):
     if reply.code == RESTARTED:
         return ConnectionLostError(reply.error)
     return (ServerBusyError if reply.code == BUSY else ServerError)(reply.error, reply.req_id, reply.code)
+
+
+def with_array(reply):
+    """`reply`, a reply to an encode request, once it is seen to hold an array: ServerError for one
+    that holds none (a command's reply, which no encoder-server sends for one)."""
+    if reply.array is None:
+        raise ServerError(f"{UNREADABLE}: it answers an encode request with no array", reply.req_id)
+    return reply

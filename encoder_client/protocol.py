@@ -221,8 +221,12 @@ def encode_data(identity, req_id, data):
 
 
 def decode_reply(frames):
-    """The Reply in one published message (a chunk of a streamed result: see ReplyReader)."""
-    return _reply(from_json(frames[1]), frames)
+    """The Reply in one published message (a chunk of a streamed result: see ReplyReader), or for
+    frames that are no reply, an error Reply that says why (see unreadable)."""
+    try:
+        return _reply(from_json(frames[1]), frames)
+    except READ_ERRORS as error:
+        return unreadable(frames, error)
 
 
 def reply_req_id(frames):
@@ -256,7 +260,17 @@ class ReplyReader:
         self._partial = OrderedDict()  # req_id -> _Partial
 
     def read(self, frames):
-        """The Reply that `frames` completes, or None while a streamed result is incomplete."""
+        """The Reply that `frames` completes, or None while a streamed result is incomplete. Frames
+        that are no reply (or a chunk that does not fit its result, which is then given up) make an
+        error Reply that says why (see unreadable)."""
+        try:
+            return self._read(frames)
+        except READ_ERRORS as error:
+            reply = unreadable(frames, error)
+            self._partial.pop(reply.req_id, None)
+            return reply
+
+    def _read(self, frames):
         header = from_json(frames[1])
         if len(frames) != 4 or "offset" not in header:
             return _reply(header, frames)
@@ -275,7 +289,11 @@ class ReplyReader:
 class _Partial:
     def __init__(self, header):
         self.header = header
-        self.body = bytearray(np.dtype(header["dtype"]).itemsize * math.prod(header["shape"]))
+        size = np.dtype(header["dtype"]).itemsize * math.prod(header["shape"])
+        try:  # zeroed pages that the system gives as they are written: a header's claim alone costs nothing
+            self.body = np.zeros(size, np.uint8)
+        except (MemoryError, ValueError, OverflowError):
+            raise ProtocolError(f"its header claims a result of {size} bytes, which this client cannot hold") from None
         self.seen = set()
         self.received = 0
 
@@ -283,12 +301,55 @@ class _Partial:
         """Place one chunk; True once every byte is in."""
         offset = header["offset"]
         if offset not in self.seen:
+            if type(offset) is not int or not 0 <= offset <= len(self.body) - len(chunk):
+                raise ProtocolError(f"a chunk of {len(chunk)} bytes at offset {offset!r} does not fit its result "
+                                    f"of {len(self.body)} bytes")
             self.seen.add(offset)
-            self.body[offset:offset + len(chunk)] = chunk
+            self.body[offset:offset + len(chunk)] = np.frombuffer(chunk, np.uint8)
             self.received += len(chunk)
             if offset == 0:
                 self.header = header  # the first chunk carries the tokens
         return self.received >= len(self.body)
+
+
+UNREADABLE = "the server sent a reply this client cannot read"
+# what reading frames that are no reply raises: wrong JSON, or a header whose fields do not fit
+READ_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError)
+
+
+def unreadable(frames, error):
+    """The error Reply for `frames`, which are no reply (reading them raised `error`), under the
+    request id they name, or UNKNOWN_REQ_ID (no request's) when that cannot be read either."""
+    try:
+        req_id = reply_req_id(frames)
+    except (ValueError, IndexError):
+        req_id = UNKNOWN_REQ_ID
+    return Reply(req_id, error=f"{UNREADABLE}: {_why_unreadable(frames, error)}")
+
+
+def _why_unreadable(frames, error):
+    """What makes `frames` no reply, worked out once reading them has failed (with `error`)."""
+    if not 3 <= len(frames) <= 4:
+        return f"{len(frames)} frames, where a reply has 3 or 4"
+    if isinstance(error, ProtocolError):
+        return str(error)
+    try:
+        header = from_json(frames[1])
+    except ValueError:
+        return "its header is not JSON"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    if len(frames) == 4 and "error" not in header:
+        missing = [key for key in ("dtype", "shape") if key not in header]
+        if missing:
+            return f"its header has no {missing[0]!r}"
+        shape, sparse = header["shape"], header.get("sparse")
+        if not isinstance(shape, list) or not all(type(size) is int for size in shape):
+            return f"its shape {str(shape)[:100]} is not a list of integers"
+        if sparse is not None and not isinstance(sparse, dict):
+            return f"its sparse fields {str(sparse)[:100]} are not a JSON object"
+        return f"its dtype {str(header['dtype'])[:100]!r} and shape {shape}: {error}"
+    return f"{type(error).__name__}: {error}"
 
 
 def _parse_int(frame, name, identity, req_id=UNKNOWN_REQ_ID):
