@@ -15,8 +15,8 @@ from .progress import PROGRESS_CHUNK, chunks, progress_bar
 from .protocol import (DEFAULT_PORT, DEFAULT_PORT_OUT, EncodeResult, ReplyReader, decode_reply, encode_request,
                        refusal_topic, reply_req_id, topic)
 from .rerank import check_rerank, ranked
-from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, max_request_bytes, new_req_id, prepare_encode,
-                      retry_pause)
+from .request import (CONNECT_TIMEOUT, HANDSHAKE_INTERVAL, announced, max_request_bytes, new_req_id,
+                      prepare_encode, retry_pause)
 from .sparse import SparseVectors
 from .sockets import AUTH_FAILED, LOST_GRACE_S, break_monitors, client_socket, monitor_event, readable, send_frames
 from .validation import check_texts
@@ -245,7 +245,7 @@ class EncoderClient:
             except (TimeoutError, ConnectionLostError):
                 continue
             self._max_request_bytes = max_request_bytes(config)
-            self._max_pending_texts = config.get("max_pending_texts")
+            self._max_pending_texts = announced(config, "max_pending_texts")
             self._connected = True
             return
         raise TimeoutError(f"no answer from an encoder-server at {self.address} within {timeout:g}s; "

@@ -79,7 +79,15 @@ if hasattr(os, "register_at_fork"):  # (no fork, and no such hook, on Windows)
 
 def max_request_bytes(config):
     """The request size limit a server announces in SHOW_CONFIG, in bytes (None: unknown)."""
-    return config["max_request_mb"] << 20 if config.get("max_request_mb") else None
+    megabytes = announced(config, "max_request_mb")
+    return None if megabytes is None else megabytes << 20
+
+
+def announced(config, name):
+    """The limit a server's SHOW_CONFIG reply announces under `name`: a positive integer, or None
+    where it announces none (or anything else: a reply from no encoder-server)."""
+    value = config.get(name) if isinstance(config, dict) else None
+    return value if type(value) is int and value > 0 else None
 
 
 def retry_pause(attempt):

@@ -2,7 +2,7 @@
 on the port, a broken or hostile server): each such reply fails its own request with a ServerError
 that names the problem, at once, and the client goes on serving; one it cannot place is dropped.
 A chunked result's header claims its size before its bytes come, so the claim alone costs the
-client no memory.
+client no memory; limits in a SHOW_CONFIG reply that are no positive integers are ignored.
 
 The server here is a script on real sockets: it answers the handshake, then each encode request
 with the frames its test gives (the request's topic and req_id filled in)."""
@@ -49,11 +49,12 @@ MALFORMED = {
 
 
 class ScriptedServer:
-    """Answers SHOW_CONFIG; answers the first encode request with `first` (a list of frames, or of
-    lists of frames sent in turn) and every later one with the right row."""
+    """Answers SHOW_CONFIG with `config`; answers the first encode request with `first` (a list of
+    frames, or of lists of frames sent in turn; None: the right rows too) and every later one with
+    the right rows."""
 
-    def __init__(self, first):
-        self.first = first
+    def __init__(self, first, config=None):
+        self.first, self.config = first, {} if config is None else config
         self.context = zmq.Context()
         self.requests, self.results = self.context.socket(zmq.PULL), self.context.socket(zmq.PUB)
         self.port = self.requests.bind_to_random_port("tcp://127.0.0.1")
@@ -69,16 +70,16 @@ class ScriptedServer:
                 continue
             request = decode_request(self.requests.recv_multipart())
             if request.command == b"SHOW_CONFIG":
-                self.results.send_multipart(encode_data(request.identity, request.req_id, {}))
-            elif not answered:
+                self.results.send_multipart(encode_data(request.identity, request.req_id, self.config))
+            elif not answered and self.first is not None:
                 answered = True
                 for frames in self.first if isinstance(self.first[0], list) else [self.first]:
                     self.results.send_multipart([topic(request.identity) if frame is TOPIC else
                                                  b"%d" % request.req_id if frame is REQ_ID else frame
                                                  for frame in frames])
             else:
-                self.results.send_multipart(next(result_messages(request.identity, request.req_id,
-                                                                 ROW[None, :])))
+                rows = np.tile(ROW, (len(json.loads(request.payload)), 1))
+                self.results.send_multipart(next(result_messages(request.identity, request.req_id, rows)))
 
     def close(self):
         self.stop.set()
@@ -136,6 +137,26 @@ def test_a_reply_whose_request_cannot_be_read_is_dropped_and_the_real_one_still_
     finally:
         server.close()
     np.testing.assert_array_equal(outcomes[0], ROW[None, :])
+
+
+@pytest.mark.parametrize("config", [[1, 2], "x", {"max_request_mb": "128", "max_pending_texts": -1},
+                                    {"max_request_mb": 1.5, "max_pending_texts": True}])
+def test_limits_a_server_announces_that_are_no_positive_integers_are_ignored(config):
+    server = ScriptedServer(None, config)
+    try:
+        with EncoderClient("127.0.0.1", server.port, server.port_out, timeout=10) as client:
+            shown = client.encode(["a", "b", "c"], show_progress=True)  # in pieces of at most max_pending_texts
+            sent = client.encode(["a"])
+
+        async def encode():
+            async with AsyncEncoderClient("127.0.0.1", server.port, server.port_out, timeout=10) as client:
+                return await client.encode(["a"])
+        awaited = asyncio.run(encode())
+    finally:
+        server.close()
+    np.testing.assert_array_equal(shown, np.tile(ROW, (3, 1)))
+    for rows in (sent, awaited):
+        np.testing.assert_array_equal(rows, ROW[None, :])
 
 
 def test_a_chunked_claim_takes_no_memory_before_its_bytes_come():
