@@ -58,7 +58,7 @@ def _pss(pid):
         return next(int(line.split()[1]) * 1024 for line in rollup if line.startswith("Pss:"))
 
 
-class _Server:
+class Server:
     """A server process group: started in __enter__, ready-checked, stopped in __exit__. Its output goes
     to `log_path`; without a log folder, to a temporary file that is removed unless the start failed."""
     name = "server"
@@ -115,7 +115,7 @@ def start_command(port, port_out, model=None, flags=()):
             *(["--model", str(model)] if model else []), *flags]
 
 
-class Service(_Server):
+class Service(Server):
     """`encoder-server start` with the given flags."""
 
     def __init__(self, name, flags=(), model=None, log_dir=None, env=None):
@@ -181,7 +181,7 @@ class _ServiceClient:
         self._client.close()
 
 
-class Infinity(_Server):
+class Infinity(Server):
     """infinity-emb's own server (`infinity_emb v2 --engine torch --device cpu`), driven over HTTP."""
 
     def __init__(self, executable, model, log_dir=None):

@@ -38,16 +38,21 @@ ZERO_BACKEND = {"ENCODER_SERVER_ZERO_BACKEND": "1"}
 def measure(model=None, flags=(), cells=CELLS, seconds=5.0, repeats=3, loaders=2, log_dir=None):
     """[{cell, clients, batch, texts_per_s, requests_per_s, p50_ms, p99_ms, cpu_us_per_request}] on the
     zero backend, the median of `repeats` windows of `seconds` each."""
-    rows = []
     with engines.Service("service (zero backend)", ("--backend", "zero", *flags), model, log_dir,
                          env=ZERO_BACKEND) as server:
-        for name, clients, batch in cells:
-            runs = [closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid)
-                    for _ in range(repeats)]
-            stages = [run.pop("cpu_us_per_request") for run in runs]
-            rows.append({"cell": name, "clients": clients, "batch": batch, **load.median_of(runs),
-                         "cpu_us_per_request": load.median_of(stages)})
-            print(json.dumps(rows[-1]), flush=True)
+        return measure_cells(server, cells, seconds, repeats, loaders)
+
+
+def measure_cells(server, cells=CELLS, seconds=5.0, repeats=3, loaders=2):
+    """measure's rows for a server already started (an engines.Server: its ports and process)."""
+    rows = []
+    for name, clients, batch in cells:
+        runs = [closed_loop(server.port, server.port_out, clients, batch, seconds, loaders, server.process.pid)
+                for _ in range(repeats)]
+        stages = [run.pop("cpu_us_per_request") for run in runs]
+        rows.append({"cell": name, "clients": clients, "batch": batch, **load.median_of(runs),
+                     "cpu_us_per_request": load.median_of(stages)})
+        print(json.dumps(rows[-1]), flush=True)
     return rows
 
 

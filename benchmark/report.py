@@ -130,7 +130,8 @@ def _markdown(results, plots, base):
 
 
 def _pipeline_table(rows):
-    """The zero backend's cells: what the server itself carries, and what each stage costs."""
+    """The zero backend's cells beside the bare chain's: what the server itself carries, what each
+    stage costs, and what share of its design's ceiling the server's own work leaves."""
     if not rows:
         return []
     stages = ("ventilator", "sink", "workers", "clients")
@@ -140,14 +141,19 @@ def _pipeline_table(rows):
              "and row limit alone, three bulk jobs held per lane), with its defaults; the clients run on the same "
              "cores. Each stage's CPU time per request is what it spent over the window divided by the requests "
              "served: one ventilator and one sink can serve at most 1e6 / (their µs) requests a second however many "
-             "workers a host has.", "",
-             "| cell | texts/s | requests/s | p50 ms | p99 ms | "
-             + " | ".join(f"{stage} µs/request" for stage in stages) + " |", "|---" * (5 + len(stages)) + "|"]
+             "workers a host has. The bare chain (`benchmark/roofline.py`) has the server's processes, sockets and "
+             "threads and does none of its work: it answers the same clients with zero rows, so what it serves is "
+             "the ceiling of the design on this host, and its CPU per request what the hops cost. The two take "
+             "turns, round by round; \"of the chain\" is the service's rate over the chain's in each round.", "",
+             "| cell | engine | texts/s | requests/s | p50 ms | p99 ms | "
+             + " | ".join(f"{stage} µs/request" for stage in stages) + " | of the chain |",
+             "|---" * (7 + len(stages)) + "|"]
     for row in rows:
         cpu = row.get("cpu_us_per_request", {})
-        lines.append(f"| {row['cell']} | {row['texts_per_s']:,.0f} | {row['requests_per_s']:,.0f} | {row['p50_ms']} | "
-                     f"{row['p99_ms']} | " + " | ".join(f"{cpu.get(stage, float('nan')):,.0f}" for stage in stages)
-                     + " |")
+        share = ", ".join(f"{value:.2f}" for value in row.get("of_chain", ())) or "–"
+        lines.append(f"| {row['cell']} | {row['engine']} | {row['texts_per_s']:,.0f} | {row['requests_per_s']:,.0f} | "
+                     f"{row['p50_ms']} | {row['p99_ms']} | "
+                     + " | ".join(f"{cpu.get(stage, float('nan')):,.0f}" for stage in stages) + f" | {share} |")
     return lines + [""]
 
 

@@ -301,10 +301,11 @@ class Suite:
                 "mean_tokens": {kind: round(value, 1) for kind, value in tokens.items()}}
 
     def pipeline(self):
-        """The server's own ceiling: the zero backend, which runs no model (benchmark/pipeline.py)."""
-        from benchmark import pipeline
-        return pipeline.measure(self.model, seconds=self.plan.window_s, repeats=self.plan.repeats,
-                                log_dir=self.log_dir)
+        """The server's own ceiling: the zero backend, which runs no model (benchmark/pipeline.py),
+        taking turns with the bare chain of its processes, which does none of its work
+        (benchmark/roofline.py)."""
+        from benchmark import roofline
+        return roofline.measure(self.plan.window_s, rounds=self.plan.repeats, model=self.model, log_dir=self.log_dir)
 
     def gpu(self):
         """On a CUDA device: benchmark/gpu_sweep.py at 4 workers and at the default count, fp32 and

@@ -43,11 +43,14 @@ def test_benchmark_smoke_run_writes_json_plots_and_table(tiny_model, tmp_path):
                                                           "sentence-transformers, torch (in-process)"}
     assert all(row["sentences_per_s"] > 0 for row in peers["rows"]) and len(peers["rows"]) == 2 * 6
     assert set(results["ceiling"]["fp32_gflops"]) and "## Against in-process peers" in table
-    pipeline = {row["cell"]: row for row in results["pipeline"]}
-    assert set(pipeline) == {"32 clients x 32 short texts", "32 clients x 1 short text"}
+    pipeline = {(row["engine"], row["cell"]): row for row in results["pipeline"]}
+    assert set(pipeline) == {(engine, cell) for engine in ("service", "bare chain")
+                             for cell in ("32 clients x 32 short texts", "32 clients x 1 short text")}
     assert all(row["requests_per_s"] > 0 and row["cpu_us_per_request"]["ventilator"] > 0
                and row["cpu_us_per_request"]["sink"] > 0 for row in pipeline.values())
-    assert "## The server's own ceiling" in table and "## GPU" in table
+    assert all(len(row["of_chain"]) == 1 and row["of_chain"][0] > 0 for (engine, _), row in pipeline.items()
+               if engine == "service")
+    assert "## The server's own ceiling" in table and "| bare chain |" in table and "## GPU" in table
 
 
 def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path, monkeypatch):
@@ -263,6 +266,52 @@ def test_hops_times_zeromq_and_a_bare_socket_between_two_processes():
     assert all(value > 0 for value in figures.values()), figures
     # a round trip waits for another process to answer: it cannot be as quick as handing a message on
     assert figures["round_trip_us"] > figures["send_back_to_back_us"], figures
+
+
+def test_the_bare_chain_answers_the_real_clients_as_the_server_does_and_leaves_nothing_behind():
+    """benchmark/roofline.py's chain: zero rows of the zero backend's shape to the real client, its
+    stages' CPU counted as the server's are, and at its stop no process or socket file of it left."""
+    import psutil
+
+    from benchmark import pipeline, roofline
+    from encoder_client import EncoderClient
+    with roofline.Chain() as chain:
+        stages = psutil.Process(chain.process.pid).children(recursive=True)
+        names = sorted(process.name() for process in stages)
+        with EncoderClient("127.0.0.1", chain.port, chain.port_out, timeout=10) as client:
+            rows = client.encode(["one text", "and another"])
+            assert client.server_config["ready"] is True
+        cell = pipeline.closed_loop(chain.port, chain.port_out, 4, 2, 0.5, 1, chain.process.pid, warmup=0.2)
+        run_dir = next(Path(handle.laddr).parent for stage in stages for handle in stage.net_connections("unix")
+                       if handle.laddr)
+    assert rows.shape == (2, roofline.WIDTH) and rows.dtype == "float32" and not rows.any()
+    assert names == ["sink", "ventilator", "worker-0", "worker-1"]
+    assert cell["requests_per_s"] > 0 and cell["texts_per_s"] == pytest.approx(2 * cell["requests_per_s"])
+    assert all(cell["cpu_us_per_request"][stage] > 0 for stage in ("ventilator", "sink", "workers")), cell
+    deadline = time.monotonic() + 10
+    while any(process.is_running() and process.status() != psutil.STATUS_ZOMBIE for process in stages):
+        assert time.monotonic() < deadline, [process for process in stages if process.is_running()]
+        time.sleep(0.05)
+    assert not run_dir.exists()
+
+
+def test_the_roofline_gives_each_engine_s_medians_and_the_service_s_share_of_the_chain_round_by_round():
+    from benchmark import roofline
+
+    def rounds(*rates):
+        return [[{"cell": "32 clients x 32 short texts", "texts_per_s": texts, "requests_per_s": texts / 32,
+                  "cpu_us_per_request": {"sink": texts / 100}},
+                 {"cell": "32 clients x 1 short text", "texts_per_s": requests, "requests_per_s": requests,
+                  "cpu_us_per_request": {"sink": requests / 10}}] for texts, requests in rates]
+    rows = roofline.summarize({"service": rounds((30_000, 2_500), (20_000, 3_000), (25_000, 2_000)),
+                               "bare chain": rounds((100_000, 5_000), (80_000, 4_000), (125_000, 4_000))})
+    assert [(row["engine"], row["cell"]) for row in rows] == [
+        (engine, cell) for engine in ("service", "bare chain")
+        for cell in ("32 clients x 32 short texts", "32 clients x 1 short text")]
+    service_batches, service_single, chain_batches, chain_single = rows
+    assert service_batches["texts_per_s"] == 25_000 and service_batches["cpu_us_per_request"] == {"sink": 250}
+    assert service_batches["of_chain"] == [0.3, 0.25, 0.2] and service_single["of_chain"] == [0.5, 0.75, 0.5]
+    assert chain_single["requests_per_s"] == 4_000 and "of_chain" not in chain_batches
 
 
 def test_client_cost_times_the_client_and_a_raw_loop_in_turns():
