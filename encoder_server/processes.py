@@ -13,8 +13,11 @@ from .logs import configure_logging
 STOP_SIGNAL = signal.SIGUSR1
 
 
-def start_child(name, verbose):
-    """Set up a child process; returns (log, stop) where `stop` is set by STOP_SIGNAL."""
+def start_child(name, verbose, cpus=None):
+    """Set up a child process; returns (log, stop) where `stop` is set by STOP_SIGNAL. With `cpus`,
+    it runs on those CPUs only, and so do the threads it starts later (server/placement.py)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # first: every thread started from here on inherits it
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     stop = threading.Event()

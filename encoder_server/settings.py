@@ -47,6 +47,9 @@ class Settings(ModelSpec):
     tokenizer_threads: int = choice(None, COMPUTE, "threads each worker process tokenizes its jobs on, ahead of its "
                                                    "lanes (default: 1; on cuda, usable CPUs / (2 x workers), so that "
                                                    "fewer workers each feed the GPU from more cores)", minimum=1)
+    pin_cpus: bool = choice(False, COMPUTE, "keep each process of the server on CPUs of its own: the ventilator "
+                                            "and the sink on one each, each worker on its share (workers on other "
+                                            "hosts are not pinned)")
 
     priority_batch_size: int = choice(16, SCHEDULING, "requests of at most this many texts go to the "
                                                       "high-priority queue, spread over the idle workers", minimum=1)

@@ -303,8 +303,8 @@ UNREAD_ERROR = ("the server dropped this result: this client identity did not re
                 "keeps at most %d MB unread per identity, --max-unread-mb); read results as they arrive")
 
 
-def run_sink(settings, addresses):
-    log, stop = start_child("sink", settings.verbose)
+def run_sink(settings, addresses, cpus=None):
+    log, stop = start_child("sink", settings.verbose, cpus)
     sink = Sink(settings, addresses, log)
     try:
         sink.run(stop)

@@ -33,6 +33,7 @@ from ..model.prepare import prepare_model_apart
 from ..processes import reap_resource_tracker
 from ..security import own_client_keys, workers_use_curve
 from .messages import SinkRestarted, WorkerExited
+from .placement import cpus_taken, describe, layout
 from .sink import run_sink
 from .sockets import Addresses, WorkerEndpoints
 from .ventilator import run_ventilator
@@ -111,6 +112,7 @@ class Supervisor:
         self.sink = None
         self.helpers = {}        # name -> Process: the gateway and the metrics exporter, when asked for
         self.pool = None
+        self.placed = {}         # process name -> the CPUs it runs on (placement.py; empty: where the OS likes)
         self.events = None       # our end of the pipe to the ventilator
         self.core_deaths = []    # when the ventilator or the sink died, lately
 
@@ -139,17 +141,28 @@ class Supervisor:
         return 1 if failed else 0
 
     def start_children(self):
+        self.placed = self.placement() if self.settings.pin_cpus else {}
+        if self.placed:
+            log.info("processes pinned to CPUs: %s", describe(self.placed))
         self.start_sink()
         curve = own_client_keys(self.settings) if workers_use_curve(self.settings) else None
         endpoints = WorkerEndpoints(self.addresses.backend, self.addresses.sink, curve)
-        self.pool = WorkerPool(self.context, self.settings.all_models, endpoints)
+        self.pool = WorkerPool(self.context, self.settings.all_models, endpoints, placed=self.placed)
         self.start_ventilator()
         for name, (port_setting, _) in self.helper_targets.items():
             if getattr(self.settings, port_setting):
                 self.start_helper(name)
 
+    def placement(self):
+        """Each process's CPUs (placement.layout) over the CPUs this server may use."""
+        cpus = os.sched_getaffinity(0)
+        models = [model for model in self.settings.all_models for _ in range(model.num_worker)]
+        return layout(cpus, {f"worker-{index}": cpus_taken(model, len(models), len(cpus))
+                             for index, model in enumerate(models)}, offset=self.settings.port)
+
     def start_sink(self):
-        self.sink = start_process(self.context, run_sink, "sink", self.settings, self.addresses)
+        self.sink = start_process(self.context, run_sink, "sink", self.settings, self.addresses,
+                                  self.placed.get("sink"))
         log.info("sink started (pid %d)", self.sink.pid)
 
     def start_ventilator(self):
@@ -157,7 +170,7 @@ class Supervisor:
             self.events.close()
         self.events, theirs = self.context.Pipe()
         self.ventilator = start_process(self.context, run_ventilator, "ventilator", self.settings, self.addresses,
-                                        theirs)
+                                        theirs, self.placed.get("ventilator"))
         theirs.close()
         log.info("ventilator started (pid %d)", self.ventilator.pid)
 

@@ -429,8 +429,8 @@ def _random_start():
     return secrets.randbelow(2 ** 40) + 1
 
 
-def run_ventilator(settings, addresses, supervisor=None):
-    log, stop = start_child("ventilator", settings.verbose)
+def run_ventilator(settings, addresses, supervisor=None, cpus=None):
+    log, stop = start_child("ventilator", settings.verbose, cpus)
     ventilator = Ventilator(settings, addresses, log, supervisor)
     try:
         ventilator.run(stop)

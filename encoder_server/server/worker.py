@@ -320,11 +320,12 @@ class Worker:
         self.stop.set()
 
 
-def run_worker(settings, endpoints, index, remote=False, alone_on_host=False, started=None):
+def run_worker(settings, endpoints, index, remote=False, alone_on_host=False, started=None, cpus=None):
     """`started`: a pipe end on which to say None once the model is loaded, or why it could not be.
-    `alone_on_host`: no other worker runs on this host, so this one knows when nothing else runs."""
+    `alone_on_host`: no other worker runs on this host, so this one knows when nothing else runs.
+    `cpus`: the CPUs it runs on (None: any)."""
     name = f"{socket.gethostname()}/worker-{index}" if remote else f"worker-{index}"
-    log, stop = start_child(name, settings.verbose)
+    log, stop = start_child(name, settings.verbose, cpus)
     try:
         lone_threads = lone_lane_threads() if alone_on_host else 0
         worker = Worker(settings, endpoints, f"{name}:{os.getpid()}", log, stop, remote, lone_threads)

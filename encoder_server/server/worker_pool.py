@@ -57,11 +57,13 @@ def stop_process(process, timeout=STOP_TIMEOUT):
 
 
 class WorkerPool:
-    def __init__(self, context, models, endpoints, remote=False):
+    def __init__(self, context, models, endpoints, remote=False, placed=None):
         """`models`: each served model's Settings, whose num_worker workers the pool runs (numbered on
-        across the models, in order)."""
+        across the models, in order). `placed`: the CPUs of each worker that has its own, by name
+        (placement.layout)."""
         self.context, self.endpoints, self.remote = context, endpoints, remote
         self.settings_of = [model for model in models for _ in range(model.num_worker)]  # index -> Settings
+        self.placed = placed or {}
         self.workers = {}        # index -> Process
         self.started_at = {}     # index -> monotonic start time
         self.restart_at = {}     # index -> when to start a dead worker again
@@ -75,8 +77,10 @@ class WorkerPool:
 
     def start(self, index):
         self.reports[index], theirs = self.context.Pipe(duplex=False)
-        self.workers[index] = start_process(self.context, run_worker, f"worker-{index}", self.settings_of[index],
-                                            self.endpoints, index, self.remote, len(self.settings_of) == 1, theirs)
+        name = f"worker-{index}"
+        self.workers[index] = start_process(self.context, run_worker, name, self.settings_of[index], self.endpoints,
+                                            index, self.remote, len(self.settings_of) == 1, theirs,
+                                            self.placed.get(name))
         theirs.close()
         self.started_at[index] = time.monotonic()
 

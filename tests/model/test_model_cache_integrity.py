@@ -170,7 +170,7 @@ class FakeProcess:
     pids = iter(range(1000, 100000))
 
     def __init__(self, target, args, name):
-        self.name, self.pipe = name, args[-1]
+        self.name, self.pipe = name, next(arg for arg in args if isinstance(arg, FakePipe))
         self.pid, self.exitcode, self.sentinel = next(self.pids), None, None
 
     def start(self):
@@ -257,7 +257,7 @@ def test_the_worker_sends_its_start_up_error_in_one_line(monkeypatch):
         raise ValueError("bad\nmodel   file")
 
     monkeypatch.setattr(worker_module, "Worker", broken)
-    monkeypatch.setattr(worker_module, "start_child", lambda name, verbose: (logging.getLogger(name), None))
+    monkeypatch.setattr(worker_module, "start_child", lambda name, verbose, cpus: (logging.getLogger(name), None))
     pipe = FakePipe()
     with pytest.raises(ValueError):
         worker_module.run_worker(SimpleNamespace(verbose=False), None, 0, False, True, pipe)
