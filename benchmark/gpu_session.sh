@@ -15,15 +15,16 @@
 #   passes    the model alone on the service's passes, warmed up: fp32 and fp16, SDPA and eager
 #   precision the model's rows in fp16 and bf16 against fp32 on the GPU (benchmark/half_precision.py)
 #   pipeline  what one hop between two processes costs there (benchmark/hops.py), then the server's own
-#             ceiling on the zero backend, on the host's 16 cores, clients in 8 processes
+#             ceiling on the zero backend, on the host's 16 cores, clients in 8 processes, with its
+#             processes where the OS likes (the default) and kept on CPUs of their own (--pin-cpus)
 #   profile   where the workers' CPU goes in the 32-client cell (32 texts a request), at 8 workers
 #             and at 2, and for one-text requests one at a time (benchmark/cpu_split.py --py-spy: CPU
 #             per request by stage and thread, the part of it in Python and where that goes): goal 2's
 #             open question, why 8 workers spend 2.4x the CPU per request that 2 do
 #   graphs    CUDA graphs (on by default): their CUDA tests, the backend with and without them
 #             (benchmark/cuda_passes.py), and the service at 8 workers in fp16 with and without them, and
-#             holding 2 bulk jobs a lane instead of the default 3 on cuda, 8 in fp32 with them, beside
-#             sentence-transformers in fp16
+#             holding 2 bulk jobs a lane instead of the default 3 on cuda, and with its processes kept on
+#             CPUs of their own (--pin-cpus), 8 in fp32 with them, beside sentence-transformers in fp16
 #
 #   device run, carry [".device"], timeout_s 600:  bash benchmark/gpu_session.sh
 #   a second call, if device time is left:         bash benchmark/gpu_session.sh profile
@@ -71,10 +72,12 @@ for name in $STEPS; do
         precision) DEVICE=cuda step half-precision 60 "$PYTHON" -m benchmark.half_precision "$MODEL" ;;
         graphs) step graph-tests 120 "$PYTHON" -m pytest -v -p no:cacheprovider -m cuda tests/cuda -k "graphs or memory"
                 DEVICE=cuda step graph-passes 60 "$PYTHON" -m benchmark.cuda_passes "$MODEL" --count 1024 --only graphs
-                step graph-sweep 200 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --baselines fp16 --services \
-                    8:fp16 8:fp16:eager 8:fp16:prefetch2 8:fp32 --out "$OUT/graph-sweep.json" ;;
+                step graph-sweep 250 "$PYTHON" -m benchmark.gpu_sweep "$MODEL" --baselines fp16 --services \
+                    8:fp16 8:fp16:eager 8:fp16:prefetch2 8:fp16:pinned 8:fp32 --out "$OUT/graph-sweep.json" ;;
         pipeline) step pipeline 120 "$PYTHON" -m benchmark.pipeline --model "$MODEL" --seconds 5 --repeats 1 \
-                      --loaders 8 --out "$OUT/pipeline.json" ;;
+                      --loaders 8 --out "$OUT/pipeline.json"
+                  step pipeline-pinned 120 "$PYTHON" -m benchmark.pipeline --model "$MODEL" --seconds 5 \
+                      --repeats 1 --loaders 8 --out "$OUT/pipeline-pinned.json" -- --pin-cpus ;;
         *) echo "unknown step $name (tests, model, sweep, passes, precision, pipeline, profile, graphs)"; exit 2 ;;
     esac
 done

@@ -56,20 +56,21 @@ def engines_to_run(model, workers, log_dir, wide_rows=0, services=None, baseline
          for name, flags in services]
 
 
-def _service(count, fp16, rows=None, eager=False, tokenizers=None, lanes=None, prefetch=None):
+def _service(count, fp16, rows=None, eager=False, tokenizers=None, lanes=None, prefetch=None, pinned=False):
     """(name, flags) of the service at `count` workers, in fp16 or not, `rows` a pass (None: the
     default), `eager`: without CUDA graphs (which torch on cuda runs by default), `tokenizers`
     threads tokenizing, `lanes` passes at once and `prefetch` bulk jobs held a lane in each worker
-    (None: the defaults)."""
+    (None: the defaults), `pinned`: its processes kept on CPUs of their own (--pin-cpus)."""
     name = ", ".join([f"{count} worker{'s' if count > 1 else ''}", _precision(fp16),
                       *([f"{rows} rows a pass"] if rows else []), *([f"{lanes} lanes"] if lanes else []),
                       *([f"{tokenizers} tokenizing"] if tokenizers else []),
-                      *([f"{prefetch} jobs held a lane"] if prefetch else []), *(["no CUDA graphs"] if eager else [])])
+                      *([f"{prefetch} jobs held a lane"] if prefetch else []), *(["no CUDA graphs"] if eager else []),
+                      *(["pinned"] if pinned else [])])
     return name, ("--device", DEVICE, "--num-worker", str(count), *(("--fp16",) if fp16 else ()),
                   *(("--max-batch-size", str(rows)) if rows else ()), *(("--lanes", str(lanes)) if lanes else ()),
                   *(("--tokenizer-threads", str(tokenizers)) if tokenizers else ()),
                   *(("--prefetch-size", str(prefetch)) if prefetch else ()),
-                  *(("--no-cuda-graphs",) if eager else ()))
+                  *(("--no-cuda-graphs",) if eager else ()), *(("--pin-cpus",) if pinned else ()))
 
 
 # NAME then a number: _service's argument
@@ -77,7 +78,7 @@ SERVICE_OPTIONS = {"rows": "rows", "tok": "tokenizers", "lanes": "lanes", "prefe
 
 
 def parse_service(text):
-    """A service configuration named as WORKERS:PRECISION[:eager][:rowsN][:tokN][:lanesN][:prefetchN],
+    """A service configuration named as WORKERS:PRECISION[:eager][:pinned][:rowsN][:tokN][:lanesN][:prefetchN],
     such as 8:fp16:eager or 2:fp16:tok6:lanes2."""
     count, precision, *options = text.split(":")
     numbers, unknown = {}, []
@@ -85,12 +86,13 @@ def parse_service(text):
         prefix = option.rstrip("0123456789")
         if prefix in SERVICE_OPTIONS and option != prefix:
             numbers[SERVICE_OPTIONS[prefix]] = int(option[len(prefix):])
-        elif option != "eager":
+        elif option not in ("eager", "pinned"):
             unknown.append(option)
     if unknown or precision not in ("fp32", "fp16") or not count.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r}: expected "
-                                         "WORKERS:fp32|fp16[:eager][:rowsN][:tokN][:lanesN][:prefetchN]")
-    return _service(int(count), precision == "fp16", eager="eager" in options, **numbers)
+                                         "WORKERS:fp32|fp16[:eager][:pinned][:rowsN][:tokN][:lanesN][:prefetchN]")
+    return _service(int(count), precision == "fp16", eager="eager" in options, pinned="pinned" in options,
+                    **numbers)
 
 
 def _precision(fp16):
@@ -225,9 +227,10 @@ def main(argv=None):
     parser.add_argument("--wide-rows", type=int, default=256,
                         help="the most workers once more with passes of up to this many rows (0: not)")
     parser.add_argument("--services", type=parse_service, nargs="+",
-                        help="these configurations instead, each WORKERS:fp32|fp16[:eager][:rowsN][:tokN][:lanesN]"
-                             "[:prefetchN] (eager: without CUDA graphs; tok: threads tokenizing in each worker; "
-                             "lanes: its passes at once; prefetch: bulk jobs it holds a lane)")
+                        help="these configurations instead, each WORKERS:fp32|fp16[:eager][:pinned][:rowsN][:tokN]"
+                             "[:lanesN][:prefetchN] (eager: without CUDA graphs; pinned: --pin-cpus; tok: threads "
+                             "tokenizing in each worker; lanes: its passes at once; prefetch: bulk jobs it holds a "
+                             "lane)")
     parser.add_argument("--baselines", nargs="*", choices=("fp32", "fp16"),
                         help="sentence-transformers in these precisions (default: fp32, and fp16 on cuda)")
     parser.add_argument("--seconds", type=float, default=5.0)

@@ -89,6 +89,8 @@ def test_gpu_sweep_machinery_on_the_cpu(tiny_model, tmp_path, monkeypatch):
     assert gpu_sweep.parse_service("2:fp32:tok6:lanes2") == (
         "2 workers, fp32, 2 lanes, 6 tokenizing",
         ("--device", "cuda", "--num-worker", "2", "--lanes", "2", "--tokenizer-threads", "6"))
+    assert gpu_sweep.parse_service("8:fp16:pinned") == (
+        "8 workers, fp16, pinned", ("--device", "cuda", "--num-worker", "8", "--fp16", "--pin-cpus"))
     assert gpu_sweep.parse_service("8:fp16:prefetch2") == (
         "8 workers, fp16, 2 jobs held a lane",
         ("--device", "cuda", "--num-worker", "8", "--fp16", "--prefetch-size", "2"))
