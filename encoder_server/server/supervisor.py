@@ -37,7 +37,8 @@ from .placement import cpus_taken, describe, layout
 from .sink import run_sink
 from .sockets import Addresses, WorkerEndpoints
 from .ventilator import run_ventilator
-from .worker_pool import MAX_FAILED_STARTS, STOP_TIMEOUT, WorkerPool, ask_to_stop, start_process, stop_process
+from .worker_pool import (MAX_FAILED_STARTS, STOP_TIMEOUT, WorkerPool, ask_to_stop, each_worker, start_process,
+                          stop_process)
 
 log = logging.getLogger("supervisor")
 WATCH_INTERVAL = 0.2
@@ -156,7 +157,7 @@ class Supervisor:
     def placement(self):
         """Each process's CPUs (placement.layout) over the CPUs this server may use."""
         cpus = os.sched_getaffinity(0)
-        models = [model for model in self.settings.all_models for _ in range(model.num_worker)]
+        models = each_worker(self.settings.all_models)
         return layout(cpus, {f"worker-{index}": cpus_taken(model, len(models), len(cpus))
                              for index, model in enumerate(models)}, offset=self.settings.port)
 

@@ -56,13 +56,18 @@ def stop_process(process, timeout=STOP_TIMEOUT):
         process.join()
 
 
+def each_worker(models):
+    """The Settings of each worker of `models` (each served model's num_worker), by worker index."""
+    return [model for model in models for _ in range(model.num_worker)]
+
+
 class WorkerPool:
     def __init__(self, context, models, endpoints, remote=False, placed=None):
         """`models`: each served model's Settings, whose num_worker workers the pool runs (numbered on
         across the models, in order). `placed`: the CPUs of each worker that has its own, by name
         (placement.layout)."""
         self.context, self.endpoints, self.remote = context, endpoints, remote
-        self.settings_of = [model for model in models for _ in range(model.num_worker)]  # index -> Settings
+        self.settings_of = each_worker(models)  # index -> Settings
         self.placed = placed or {}
         self.workers = {}        # index -> Process
         self.started_at = {}     # index -> monotonic start time
