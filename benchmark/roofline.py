@@ -95,17 +95,15 @@ def _ventilator(port, run_dir):
     feedback = _bound(context, zmq.PULL, f"ipc://{run_dir}/feedback")
     control = _connected(context, zmq.PUSH, f"ipc://{run_dir}/control")
     poller = _poller(frontend, backend, feedback)
-    workers, turn, in_flight = [], 0, set()
+    workers, turn = [], 0
     while True:
         events = dict(poller.poll(1000))
         if backend in events:  # a worker's READY
             workers += [frames[0] for frames in _waiting(backend)]
         if feedback in events:
-            for frames in _waiting(feedback):
-                in_flight.difference_update(from_json(frames[0]))
+            list(_waiting(feedback))  # the requests done: nothing here waits on them
         if frontend in events and workers:
             requests = [_request(frames) for frames in _waiting(frontend)]
-            in_flight.update(request[1] for request in requests)
             control.send(to_json(requests))
             backend.send_multipart([workers[turn % len(workers)], to_json(requests)])
             turn += 1
@@ -151,20 +149,16 @@ def _sink(port_out, run_dir):
     publish = _bound(context, zmq.XPUB, f"tcp://127.0.0.1:{port_out}")
     feedback = _connected(context, zmq.PUSH, f"ipc://{run_dir}/feedback")
     poller = _poller(parts, control, publish)
-    registered, early = set(), set()  # requests whose registration came, and whose reply came first
     while True:
         events = dict(poller.poll(1000))
         if publish in events:
             list(_waiting(publish))  # subscriptions, applied by XPUB itself
         if control in events:
-            for frames in _waiting(control):
-                for _, req_id, _ in from_json(frames[0]):
-                    (early.discard if req_id in early else registered.add)(req_id)
+            list(_waiting(control))  # registrations: a part carries all its reply needs
         if parts in events:
             done = []
             for frames in _waiting(parts):
                 for identity, req_id, rows in from_json(frames[0]):
-                    (registered.discard if req_id in registered else early.add)(req_id)
                     done.append(req_id)
                     publish.send_multipart(_reply(identity.encode("latin-1"), req_id, rows))
             feedback.send(to_json(done))
