@@ -37,6 +37,7 @@ from .placement import cpus_taken, describe, layout
 from .sink import run_sink
 from .sockets import Addresses, WorkerEndpoints
 from .ventilator import run_ventilator
+from .worker import worker_name
 from .worker_pool import (MAX_FAILED_STARTS, STOP_TIMEOUT, WorkerPool, ask_to_stop, each_worker, start_process,
                           stop_process)
 
@@ -158,7 +159,7 @@ class Supervisor:
         """Each process's CPUs (placement.layout) over the CPUs this server may use."""
         cpus = os.sched_getaffinity(0)
         models = each_worker(self.settings.all_models)
-        return layout(cpus, {f"worker-{index}": cpus_taken(model, len(models), len(cpus))
+        return layout(cpus, {worker_name(index): cpus_taken(model, len(models), len(cpus))
                              for index, model in enumerate(models)}, offset=self.settings.port)
 
     def start_sink(self):

@@ -320,11 +320,16 @@ class Worker:
         self.stop.set()
 
 
+def worker_name(index):
+    """The name of worker `index`'s process (in ps and top, the logs, and placement.layout)."""
+    return f"worker-{index}"
+
+
 def run_worker(settings, endpoints, index, remote=False, alone_on_host=False, started=None, cpus=None):
     """`started`: a pipe end on which to say None once the model is loaded, or why it could not be.
     `alone_on_host`: no other worker runs on this host, so this one knows when nothing else runs.
     `cpus`: the CPUs it runs on (None: any)."""
-    name = f"{socket.gethostname()}/worker-{index}" if remote else f"worker-{index}"
+    name = f"{socket.gethostname()}/{worker_name(index)}" if remote else worker_name(index)
     log, stop = start_child(name, settings.verbose, cpus)
     try:
         lone_threads = lone_lane_threads() if alone_on_host else 0

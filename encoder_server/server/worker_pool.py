@@ -13,7 +13,7 @@ import time
 from collections import Counter
 
 from ..processes import STOP_SIGNAL
-from .worker import run_worker
+from .worker import run_worker, worker_name
 
 log = logging.getLogger("supervisor")
 STOP_TIMEOUT = 10.0
@@ -82,7 +82,7 @@ class WorkerPool:
 
     def start(self, index):
         self.reports[index], theirs = self.context.Pipe(duplex=False)
-        name = f"worker-{index}"
+        name = worker_name(index)
         self.workers[index] = start_process(self.context, run_worker, name, self.settings_of[index], self.endpoints,
                                             index, self.remote, len(self.settings_of) == 1, theirs,
                                             self.placed.get(name))
